@@ -1,0 +1,42 @@
+"""mmreplay: a disk-backed, memory-mapped experience-replay store for reinforcement learning.
+
+>>> import mmreplay as mr
+>>> store = mr.ReplayStore.create("replay", capacity=1_000_000, obs_shape=(84, 84), stack=4, n_step=3)
+"""
+
+from .batch import Batch
+from .errors import (
+    CorruptStoreError,
+    EpisodeStateError,
+    FormatVersionError,
+    MMReplayError,
+    NotAStoreError,
+    NotSampleableError,
+    ReadOnlyStoreError,
+    StoreClosedError,
+    StoreIOError,
+    StoreLockedError,
+    StoreNotFoundError,
+)
+from .options import Prioritized
+from .store import ReplayStore
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Batch",
+    "CorruptStoreError",
+    "EpisodeStateError",
+    "FormatVersionError",
+    "MMReplayError",
+    "NotAStoreError",
+    "NotSampleableError",
+    "Prioritized",
+    "ReadOnlyStoreError",
+    "ReplayStore",
+    "StoreClosedError",
+    "StoreIOError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "__version__",
+]

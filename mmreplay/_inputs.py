@@ -1,0 +1,97 @@
+"""Validation of what users pass to ``reset()``/``step()``/``gather()``.
+
+Every check runs before anything is written, so a rejected call changes
+nothing. Messages say what was expected, what came, and what to change.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .options import Schema
+
+
+def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casting: str, hint: str) -> np.ndarray:
+    arr = value if type(value) is np.ndarray else np.asarray(value)
+    if arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")
+    if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, casting=casting):
+        raise TypeError(
+            f"{name}: expected dtype {dtype}, got {arr.dtype}; convert it (e.g. .astype(np.{dtype.name}))"
+            f" or create the store with a matching dtype")
+    return arr
+
+
+class Inputs:
+    """Coerces and checks user input for one schema (batched = leading num_envs axis)."""
+
+    def __init__(self, schema: Schema) -> None:
+        self.schema = schema
+        self.batched = schema.vector
+        self.lead: tuple[int, ...] = (schema.num_envs,) if schema.vector else ()
+        self.batch_hint = f" (num_envs={schema.num_envs} first)" if schema.vector else ""
+
+    def obs(self, value: Any, name: str = "next_obs") -> np.ndarray:
+        s = self.schema
+        return _array(name, value, self.lead + s.obs_shape, s.obs_dtype, "safe",
+                      f" (obs_shape{self.batch_hint})")
+
+    def action(self, value: Any) -> np.ndarray:
+        s = self.schema
+        return _array("action", value, self.lead + s.action_shape, s.action_dtype, "same_kind",
+                      f" (action_shape{self.batch_hint})")
+
+    def reward(self, value: Any) -> np.ndarray | float:
+        if not self.batched:
+            try:
+                r = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"reward: expected a real number, got {type(value).__name__} {value!r}") from None
+            if not math.isfinite(r):
+                raise ValueError(f"reward: expected a finite number, got {r}")
+            return r
+        arr = _array("reward", value, self.lead, np.dtype(np.float64), "same_kind", self.batch_hint)
+        return arr.astype(np.float64)
+
+    def flag(self, name: str, value: Any) -> np.ndarray | bool:
+        if not self.batched:
+            if isinstance(value, (bool, np.bool_)) or value in (0, 1):
+                return bool(value)
+            raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
+        arr = np.asarray(value)
+        if arr.shape != self.lead:
+            raise ValueError(f"{name}: expected shape {self.lead}{self.batch_hint}, got {arr.shape}")
+        if arr.dtype != np.bool_ and not (arr.dtype.kind in "iu" and np.isin(arr, (0, 1)).all()):
+            raise TypeError(f"{name}: expected bools, got dtype {arr.dtype}")
+        return arr.astype(np.bool_)
+
+    def extras(self, given: dict[str, Any]) -> dict[str, np.ndarray]:
+        s = self.schema
+        names = {e.name for e in s.extras}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"step() got extras {unknown} not declared at create(); declared: {sorted(names)}")
+        missing = sorted(names - set(given))
+        if missing:
+            raise TypeError(f"step() is missing extras {missing} declared at create()")
+        return {e.name: _array(f"extras[{e.name!r}]", given[e.name], self.lead + e.shape, e.dtype, "same_kind",
+                               self.batch_hint) for e in s.extras}
+
+
+def ids_array(ids: Any, name: str = "index") -> np.ndarray:
+    """A 1-D int64 array of transition ids."""
+    arr = np.asarray(ids)
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of transition ids, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer transition ids, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def batch_size_arg(batch_size: Any) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    return int(batch_size)

@@ -1,0 +1,253 @@
+"""The in-RAM index: which stored transitions are sampleable, and the row arithmetic of a batch.
+
+Vocabulary (FORMAT.md has the full picture):
+
+- A *frame row* ``r`` of env stream ``s`` is the r-th frame that stream wrote.
+  All streams write one frame per ``reset()``/``step()``, so they advance in
+  lockstep and share the row counter ``rows``.
+- A frame is either an episode's first observation (flag ``START``) or the
+  ``next_obs`` of a transition; the transition's action, reward and flags are
+  stored in the same row. So "transition ρ" means the transition whose next
+  frame is row ρ; its observation is row ρ-1.
+- A *slot* is the element of the ring arrays holding a row:
+  ``slot = (chunk % positions) * rows_alloc + s * rows_per_stream + r % rows_per_stream``
+  with ``chunk = r // rows_per_stream`` (stream-major inside a chunk, so one
+  env's stack is contiguous on disk).
+
+Per slot the index keeps only ``flags`` (uint8), ``epos`` (int32: rows since
+the first stored frame of the episode), ``slot_id`` (int64 transition id) and
+``valid`` (bool), plus ``id2slot`` — ~14 bytes per slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Flag bits stored in the ``flags`` column (FORMAT.md).
+START = 1  # the frame is an episode's first observation; no transition ends here
+TERMINATED = 2  # the transition ending here terminated the episode
+TRUNCATED = 4  # the transition ending here was truncated (time limit)
+MISSING = 8  # the frame's content was never available (imports); it is stored as zeros
+HEAD_LOST = 16  # on a START frame: the episode began earlier, its first frames were not stored
+DISK_FLAGS = START | TERMINATED | TRUNCATED | MISSING | HEAD_LOST
+# Bits that exist only in RAM.
+END = 32  # the frame is the last one of its episode
+LOST = 64  # the frame's episode has HEAD_LOST
+
+
+@dataclass(frozen=True)
+class Geometry:
+    num_envs: int
+    rows_per_stream: int  # Rs
+    rows_alloc: int  # A
+    positions: int  # P
+
+    def slots(self, s: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
+        """Ring slot of row(s) ``r`` of stream(s) ``s`` (broadcasting)."""
+        rs = self.rows_per_stream
+        r = np.asarray(r, dtype=np.int64)
+        return (r // rs % self.positions) * self.rows_alloc + np.asarray(s, dtype=np.int64) * rs + r % rs
+
+    def chunk_slots(self, seq: int) -> slice:
+        base = (seq % self.positions) * self.rows_alloc
+        return slice(base, base + self.num_envs * self.rows_per_stream)
+
+
+@dataclass
+class Plan:
+    """Row arithmetic of a batch: ring slots to gather and masks to apply (all numpy, shape B first)."""
+
+    slots: np.ndarray  # (B,) the transitions' own slots (action, extras, id)
+    obs_slots: np.ndarray  # (B, k)
+    obs_pad: np.ndarray  # (B, k) True where the frame is zero padding
+    next_slots: np.ndarray  # (B, k)
+    next_pad: np.ndarray  # (B, k)
+    reward_slots: np.ndarray  # (B, n) clamped to written rows; weights are 0 where unused
+    reward_weights: np.ndarray  # (B, n) float64 gamma**i for i < m, else 0
+    m: np.ndarray  # (B,) window length
+    terminated: np.ndarray  # (B,) bool
+    truncated: np.ndarray  # (B,) bool
+    next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros
+
+
+class Index:
+    """Per-slot bookkeeping and the sampleable set.
+
+    Validity is decided lazily: ``sync()`` examines rows written since the last
+    call and returns the slots that became sampleable, so ``step()`` stays a
+    handful of array stores.
+    """
+
+    def __init__(self, geometry: Geometry, stack: int, n_step: int, pad: str) -> None:
+        self.geo = geometry
+        self.k = stack
+        self.n = n_step
+        self.pad_first = pad == "first"
+        size = geometry.positions * geometry.rows_alloc
+        self.flags = np.zeros(size, np.uint8)
+        self.epos = np.zeros(size, np.int32)
+        self.slot_id = np.full(size, -1, np.int64)
+        self.valid = np.zeros(size, np.bool_)
+        self.id2slot = np.full(size, -1, np.int64)
+        self.rows = 0  # frame rows written per stream
+        self.oldest_row = 0  # first retained row (all streams)
+        self.checked = np.zeros(geometry.num_envs, np.int64)  # per stream: first row whose validity is undecided
+        self.n_valid = 0
+
+    # -- layout ----------------------------------------------------------------------------------------
+    def resize(self, positions: int, retained_seqs: list[int]) -> None:
+        """Re-lay the arrays for a ring of ``positions`` chunks, keeping the retained chunks' slots."""
+        old = self.geo
+        new = Geometry(old.num_envs, old.rows_per_stream, old.rows_alloc, positions)
+        size = positions * old.rows_alloc
+        arrays = {}
+        for name in ("flags", "epos", "slot_id", "valid"):
+            src = getattr(self, name)
+            dst = np.full(size, -1, src.dtype) if name == "slot_id" else np.zeros(size, src.dtype)
+            for seq in retained_seqs:
+                dst[new.chunk_slots(seq)] = src[old.chunk_slots(seq)]
+            arrays[name] = dst
+        for name, arr in arrays.items():
+            setattr(self, name, arr)
+        self.geo = new
+        self.id2slot = np.full(size, -1, np.int64)
+        live = np.flatnonzero(self.slot_id >= 0)
+        self.id2slot[self.slot_id[live] % size] = live
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def note_frames(self, slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, ids: np.ndarray) -> None:
+        """Record frames written at ``slots`` (one per stream, or a subset). ids < 0 for START frames."""
+        self.flags[slots] = flags
+        self.epos[slots] = epos
+        self.slot_id[slots] = ids
+        has = ids >= 0
+        if has.all():
+            self.id2slot[ids % self.id2slot.size] = slots
+        elif has.any():
+            self.id2slot[ids[has] % self.id2slot.size] = slots[has]
+
+    def mark_end(self, slots: np.ndarray) -> None:
+        """A START followed these frames: they ended their episodes (truncation by reset)."""
+        self.flags[slots] |= END
+
+    # -- validity --------------------------------------------------------------------------------------
+    BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
+
+    def sync(self) -> np.ndarray:
+        """Decide every row whose n-step window has closed since the last call; return newly valid slots."""
+        found = []
+        while True:
+            starts = np.maximum(self.checked, self.oldest_row)
+            stops = np.minimum(starts + self.BLOCK, self.rows)
+            if int((stops - starts).sum()) <= 0:
+                self.checked[:] = starts
+                break
+            found.append(self._sync_block(starts, stops))
+            if (self.checked == starts).all() or (stops == self.rows).all():
+                break
+        return np.concatenate(found) if found else np.empty(0, np.int64)
+
+    def _sync_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+        geo, n, rows = self.geo, self.n, self.rows
+        counts = stops - starts
+        total = int(counts.sum())
+        stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
+        offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rho = np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
+        win = rho[:, None] + np.arange(n, dtype=np.int64)  # (M, n) the window's frame rows
+        written = win < rows
+        wslots = geo.slots(stream[:, None], np.minimum(win, rows - 1))
+        ends = written & ((self.flags[wslots] & END) != 0)
+        has_end = ends.any(axis=1)
+        complete = has_end | written[:, -1]
+        # Completion is monotone in the row, so a stream's first incomplete row is where it stops.
+        new_checked = stops.copy()
+        np.minimum.at(new_checked, stream[~complete], rho[~complete])
+        done = rho < new_checked[stream]
+        rho, stream, ends, has_end, wslots = rho[done], stream[done], ends[done], has_end[done], wslots[done]
+        slots = geo.slots(stream, rho)
+        f = self.flags[slots]
+        m = np.where(has_end, ends.argmax(axis=1) + 1, n)
+        last_f = self.flags[wslots[np.arange(rho.size), m - 1]]
+        boot_ok = ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
+        ok = ((f & START) == 0) & boot_ok & self._stack_ok(rho, slots, f)
+        new = slots[ok]
+        self.valid[new] = True
+        self.n_valid += int(new.size)
+        self.checked[:] = new_checked
+        return new
+
+    def _stack_ok(self, rho: np.ndarray, slots: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """The observation stack of transition rows ``rho`` has every real frame it needs retained."""
+        f0 = rho - self.epos[slots]  # first stored row of the episode
+        lost = ((f & LOST) != 0) | (f0 < self.oldest_row)
+        return ~lost | (rho - self.k >= np.maximum(f0, self.oldest_row))
+
+    def retire(self, seq: int) -> tuple[slice, np.ndarray]:
+        """Forget chunk ``seq`` (the oldest). Returns its slot range and the valid slots it invalidated elsewhere."""
+        geo = self.geo
+        sl = geo.chunk_slots(seq)
+        self.n_valid -= int(np.count_nonzero(self.valid[sl]))
+        self.valid[sl] = False
+        self.slot_id[sl] = -1
+        self.flags[sl] = 0
+        self.oldest_row = (seq + 1) * geo.rows_per_stream
+        # Rows near the new oldest row may have lost stack history.
+        rows = np.arange(self.oldest_row, min(self.oldest_row + self.k, self.rows), dtype=np.int64)
+        if rows.size == 0:
+            return sl, np.empty(0, np.int64)
+        stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), rows.size)
+        rho = np.tile(rows, geo.num_envs)
+        slots = geo.slots(stream, rho)
+        cand = self.valid[slots]
+        slots, rho = slots[cand], rho[cand]
+        bad = slots[~self._stack_ok(rho, slots, self.flags[slots])]
+        self.valid[bad] = False
+        self.n_valid -= int(bad.size)
+        return sl, bad
+
+    # -- batches ---------------------------------------------------------------------------------------
+    def rows_of(self, slots: np.ndarray, seq_of_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(stream, row) of ring slots, given the chunk sequence number held at each ring position."""
+        geo = self.geo
+        pos, off = np.divmod(slots, geo.rows_alloc)
+        s, within = np.divmod(off, geo.rows_per_stream)
+        return s, seq_of_pos[pos] * geo.rows_per_stream + within
+
+    def stack_slots(self, s: np.ndarray, last: np.ndarray, epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask."""
+        back = np.arange(self.k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
+        pad = back[None, :] > epos_last[:, None]
+        rows = last[:, None] - back[None, :]
+        if self.pad_first or pad.any():
+            rows = np.where(pad, (last - epos_last)[:, None], rows)  # the episode's first frame
+        return self.geo.slots(s[:, None], rows), (pad if not self.pad_first else np.zeros_like(pad))
+
+    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray, discounts: np.ndarray,
+             gammas: np.ndarray) -> Plan:
+        """Everything needed to build the rows of valid transition slots (vectorized, no data access)."""
+        geo, n = self.geo, self.n
+        s, rho = self.rows_of(slots, seq_of_pos)
+        win = rho[:, None] + np.arange(n, dtype=np.int64)
+        written = win < self.rows
+        wslots = geo.slots(s[:, None], np.minimum(win, self.rows - 1))
+        wf = self.flags[wslots]
+        ends = written & ((wf & END) != 0)
+        has_end = ends.any(axis=1)
+        m = np.where(has_end, ends.argmax(axis=1) + 1, n)
+        idx = np.arange(slots.size)
+        last_f = wf[idx, m - 1]
+        terminated = has_end & ((last_f & TERMINATED) != 0)
+        truncated = has_end & ~terminated
+        obs_slots, obs_pad = self.stack_slots(s, rho - 1, self.epos[slots] - 1)
+        last = rho + m - 1
+        last_slots = wslots[idx, m - 1]
+        next_slots, next_pad = self.stack_slots(s, last, self.epos[last_slots])
+        weights = np.where(np.arange(n)[None, :] < m[:, None], gammas[None, :n], 0.0)
+        return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, weights, m, terminated,
+                    truncated, terminated & ((last_f & MISSING) != 0))
+
+    def discount(self, plan: Plan, discounts: np.ndarray) -> np.ndarray:
+        return np.where(plan.terminated, np.float32(0.0), discounts[plan.m]).astype(np.float32)

@@ -1,0 +1,261 @@
+"""The chunk log: chunk files + chunk table + in-RAM index, kept consistent.
+
+It owns the rules of the append-only log: rows are written only into the
+newest (open) chunk; a full chunk is sealed (fsynced, checksummed, made
+read-only); capacity is enforced by retiring whole old chunks; the ring of
+mapped chunks grows if short episodes make chunks hold fewer transitions
+than planned. It knows nothing about episodes' user-facing rules or sampling.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import CorruptStoreError
+from .index import DISK_FLAGS, END, HEAD_LOST, LOST, START, TERMINATED, TRUNCATED, Geometry, Index
+from .options import Schema
+from .storage import npyfile
+from .storage.manifest import fsync_dir
+from .storage.ring import ChunkRing, chunk_dirname, columns_for
+
+
+@dataclass
+class ChunkInfo:
+    seq: int
+    name: str  # directory under chunks/
+    first_id: int  # id of the first transition whose next frame is in this chunk
+    n_tx: int  # transitions whose next frame is in this chunk
+    sealed: bool = False
+    crc32: dict[str, int] | None = None
+    committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "dir": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
+                "sealed": self.sealed, "crc32": self.crc32}
+
+
+def initial_positions(schema: Schema) -> int:
+    """Ring positions for capacity transitions plus stack history, the retiring chunk and the open one."""
+    need = schema.capacity + schema.stack * schema.num_envs
+    return -(-need // schema.chunk_size) + 2
+
+
+SlotsCallback = Callable[[np.ndarray], None]
+
+
+class ChunkLog:
+    """Chunk files, chunk table and index of one store directory."""
+
+    def __init__(self, root: str, schema: Schema, writable: bool, positions: int) -> None:
+        self.root = root
+        self.schema = schema
+        self.writable = writable
+        self.rs = schema.rows_per_stream
+        self.ring = ChunkRing(root, schema, positions, writable)
+        geo = Geometry(schema.num_envs, self.rs, schema.rows_alloc, positions)
+        self.index = Index(geo, schema.stack, schema.n_step, schema.pad)
+        self.chunks: deque[ChunkInfo] = deque()
+        self.seq_of_pos = np.full(positions, -1, np.int64)
+        self.next_id = 0
+        self.retained_tx = 0
+        self.to_delete: list[str] = []  # retired chunks still listed in the last commit
+        # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
+        # ``on_resize`` with the new number of positions after the ring grew.
+        self.on_cleared: SlotsCallback | None = None
+        self.on_resize: Callable[[int, list[int]], None] | None = None
+
+    # -- counters --------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> int:
+        return self.index.rows
+
+    @property
+    def oldest_id(self) -> int:
+        return self.chunks[0].first_id if self.chunks else self.next_id
+
+    @property
+    def open_chunk(self) -> ChunkInfo | None:
+        return self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
+
+    def stream_slots(self, row: int) -> np.ndarray:
+        """Slots of ``row`` for every stream."""
+        return self.index.geo.slots(np.arange(self.schema.num_envs), row)
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def prepare_row(self) -> int:
+        """Make sure the chunk for the next row is open; return the slot of stream 0 for that row."""
+        row = self.index.rows
+        if row % self.rs == 0 and (not self.chunks or self.chunks[-1].seq < row // self.rs):
+            self._roll(row // self.rs)
+        return int(self.index.geo.slots(0, row))
+
+    def _roll(self, seq: int) -> None:
+        """Seal the full open chunk, retire what capacity allows, open chunk ``seq``."""
+        if self.chunks and not self.chunks[-1].sealed:
+            last = self.chunks[-1]
+            last.crc32 = self.ring.seal_chunk(last.seq)
+            last.sealed = True
+        self.chunks.append(ChunkInfo(seq, chunk_dirname(seq), self.next_id, 0))
+        cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
+        while len(self.chunks) > 1 and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
+            self._retire_oldest()
+        if len(self.chunks) > self.ring.positions:
+            self._grow()
+        self.ring.create_chunk(seq)
+        self.seq_of_pos[seq % self.ring.positions] = seq
+
+    def _retire_oldest(self) -> None:
+        info = self.chunks.popleft()
+        self.retained_tx -= info.n_tx
+        sl, invalidated = self.index.retire(info.seq)
+        if self.on_cleared is not None:
+            self.on_cleared(np.concatenate([np.arange(sl.start, sl.stop, dtype=np.int64), invalidated]))
+        self.ring.unmap_chunk(info.seq)
+        self.seq_of_pos[info.seq % self.ring.positions] = -1
+        if info.committed:
+            self.to_delete.append(info.name)  # the last commit still needs it
+        else:
+            shutil.rmtree(self.ring.chunk_dir(info.name), ignore_errors=True)
+
+    def _grow(self) -> None:
+        positions = self.ring.positions + max(2, self.ring.positions // 4)
+        seqs = [c.seq for c in self.chunks if c.seq in self.ring.mapped]
+        self.ring.resize(positions)
+        self.index.resize(positions, seqs)
+        self.seq_of_pos = np.full(positions, -1, np.int64)
+        for s in seqs:
+            self.seq_of_pos[s % positions] = s
+        if self.on_resize is not None:
+            self.on_resize(positions, seqs)
+
+    def finish_row(self, n_tx: int) -> None:
+        """Account for a written row holding ``n_tx`` transitions (all streams)."""
+        self.index.rows += 1
+        self.next_id += n_tx
+        self.chunks[-1].n_tx += n_tx
+        self.retained_tx += n_tx
+
+    # -- durability ------------------------------------------------------------------------------------
+    def sync_open_chunk(self) -> None:
+        if self.chunks and not self.chunks[-1].sealed:
+            self.ring.sync_chunk(self.chunks[-1].seq)
+
+    def manifest_body(self) -> dict[str, Any]:
+        return {"rows": self.rows, "next_id": self.next_id, "chunks": [c.to_json() for c in self.chunks]}
+
+    def after_commit(self) -> None:
+        """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
+        for name in self.to_delete:
+            shutil.rmtree(self.ring.chunk_dir(name), ignore_errors=True)
+        if self.to_delete:
+            fsync_dir(os.path.join(self.root, "chunks"))
+        self.to_delete = []
+        for c in self.chunks:
+            c.committed = True
+
+    # -- opening ---------------------------------------------------------------------------------------
+    @classmethod
+    def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool) -> ChunkLog:
+        """Map the committed chunks and rebuild the index from their flags column."""
+        mpath = os.path.join(root, "manifest.json")
+        try:
+            chunks = [ChunkInfo(int(c["seq"]), str(c["dir"]), int(c["first_id"]), int(c["n_transitions"]),
+                                bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]
+            rows, next_id = int(body["rows"]), int(body["next_id"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
+        rs = schema.rows_per_stream
+        seqs = [c.seq for c in chunks]
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows != 0:
+            raise CorruptStoreError(f"{mpath}: chunk table is not a run of consecutive chunks ({seqs[:5]}...)")
+        if seqs and not (seqs[-1] * rs < rows <= (seqs[-1] + 1) * rs):
+            raise CorruptStoreError(f"{mpath}: {rows} rows do not end in the last listed chunk {seqs[-1]}")
+        if any(c.sealed for c in chunks[-1:]) and rows % rs:
+            raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
+        positions = max(initial_positions(schema), len(chunks) + 1)
+        log = cls(root, schema, writable, positions)
+        log.chunks = deque(chunks)
+        log.next_id = next_id
+        log.retained_tx = sum(c.n_tx for c in chunks)
+        if writable and chunks and not chunks[-1].sealed:
+            log._private_open_chunk(chunks[-1])
+        for c in chunks:
+            log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
+            log.seq_of_pos[c.seq % positions] = c.seq
+        log.index.rows = rows
+        log._rebuild_index()
+        return log
+
+    def _private_open_chunk(self, info: ChunkInfo) -> None:
+        """Give the open chunk's files a fresh inode if anything else may share them (a snapshot's hard
+        link made after it was sealed in a run that then crashed) or they were sealed read-only."""
+        for col in columns_for(self.schema):
+            path = self.ring.file_path(info.name, col)
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise CorruptStoreError(f"{path}: chunk file is missing") from None
+            if st.st_nlink > 1 or not st.st_mode & stat.S_IWUSR:
+                tmp = path + ".tmp"
+                shutil.copyfile(path, tmp)
+                os.chmod(tmp, 0o644)
+                os.replace(tmp, path)
+        fsync_dir(self.ring.chunk_dir(info.name))
+
+    def _rebuild_index(self) -> None:
+        idx, geo, n_env = self.index, self.index.geo, self.schema.num_envs
+        if not self.chunks:
+            return
+        first = self.chunks[0]
+        r0, r1 = first.seq * self.rs, idx.rows
+        idx.oldest_row = r0
+        idx.checked[:] = r0
+        if r1 <= r0:
+            return
+        rr = np.arange(r0, r1, dtype=np.int64)
+        slots = geo.slots(np.arange(n_env)[None, :], rr[:, None])  # (R, N)
+        f = self.ring.arrays["flags"][slots] & DISK_FLAGS
+        start = (f & START) != 0
+        end = (f & (TERMINATED | TRUNCATED)) != 0
+        end[:-1] |= start[1:]
+        pos = np.arange(r1 - r0, dtype=np.int64)[:, None]
+        last_start = np.maximum.accumulate(np.where(start, pos, -1), axis=0)
+        # An episode whose START was retired counts from one row before the oldest: its head is gone.
+        epos = np.where(last_start >= 0, pos - last_start, pos + 1)
+        hl = (f & HEAD_LOST) != 0
+        lost = np.take_along_axis(hl, np.maximum(last_start, 0), axis=0) & (last_start >= 0)
+        tx = ~start
+        ids = np.where(tx, first.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
+        if int(tx.sum()) != self.next_id - first.first_id:
+            raise CorruptStoreError(
+                f"{self.ring.chunk_dir(first.name)}: the flags columns hold {int(tx.sum())} transitions, "
+                f"the manifest counts {self.next_id - first.first_id}; the chunk files are damaged")
+        idx.flags[slots] = f | np.where(end, END, 0).astype(np.uint8) | np.where(lost, LOST, 0).astype(np.uint8)
+        idx.epos[slots] = epos
+        idx.slot_id[slots] = ids
+        live = tx.ravel()
+        idx.id2slot[ids.ravel()[live] % idx.id2slot.size] = slots.ravel()[live]
+        idx.sync()
+
+    def remove_strays(self) -> None:
+        """Delete chunk directories the manifest does not list (a crashed run's leftovers)."""
+        base = os.path.join(self.root, "chunks")
+        keep = {c.name for c in self.chunks}
+        removed = False
+        for name in os.listdir(base):
+            if name not in keep:
+                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+                removed = True
+        if removed:
+            fsync_dir(base)
+
+    def close(self) -> None:
+        self.ring.close()

@@ -1,0 +1,89 @@
+"""Chunk column files: plain ``.npy`` (format 1.0) with a page-sized header.
+
+The header is padded with spaces to exactly ``HEADER_BYTES`` (4096) so the
+array data starts on a page boundary: the file can then be mapped at any page
+of a larger virtual range (see ``vmem``). ``numpy.load(path, mmap_mode="r")``
+reads these files like any other ``.npy``.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+
+import numpy as np
+
+from ..errors import CorruptStoreError
+
+HEADER_BYTES = 4096
+_MAGIC = b"\x93NUMPY\x01\x00"
+
+
+def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The 4096-byte ``.npy`` 1.0 header for a C-ordered array."""
+    d = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (np.lib.format.dtype_to_descr(dtype), shape)
+    body_len = HEADER_BYTES - len(_MAGIC) - 2
+    body = d.encode("latin1")
+    body = body + b" " * (body_len - len(body) - 1) + b"\n"
+    return _MAGIC + body_len.to_bytes(2, "little") + body
+
+
+def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Create a new file (a new inode: an existing file is unlinked first) with its space reserved.
+
+    The data region is allocated with ``posix_fallocate`` so that a full disk is
+    an ``OSError`` here and never a SIGBUS when the mapped pages are written.
+    """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    try:
+        os.unlink(path)  # a hard-linked snapshot copy must never be written through
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.pwrite(fd, header_bytes(dtype, shape), 0)
+        if nbytes:
+            os.posix_fallocate(fd, HEADER_BYTES, nbytes)
+    except BaseException:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        raise
+    os.close(fd)
+
+
+def read_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
+    """Parse and check a chunk file header; raise ``CorruptStoreError`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEADER_BYTES)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: chunk file is missing") from None
+    if len(head) < HEADER_BYTES or head[:8] != _MAGIC:
+        raise CorruptStoreError(f"{path}: not an mmreplay chunk file (bad .npy header)")
+    n = int.from_bytes(head[8:10], "little")
+    if 10 + n != HEADER_BYTES:
+        raise CorruptStoreError(f"{path}: header is {10 + n} bytes, expected {HEADER_BYTES}")
+    try:
+        d = ast.literal_eval(head[10:].decode("latin1").strip())
+        dtype = np.lib.format.descr_to_dtype(d["descr"])
+        shape = tuple(int(v) for v in d["shape"])
+        if d["fortran_order"]:
+            raise ValueError("fortran order")
+    except Exception as exc:  # any parse problem means a damaged header
+        raise CorruptStoreError(f"{path}: unreadable .npy header ({exc})") from None
+    return dtype, shape
+
+
+def check(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
+    """Check header and size of an existing chunk file against what the manifest says."""
+    got_dtype, got_shape = read_header(path)
+    if got_dtype != dtype or got_shape != shape:
+        raise CorruptStoreError(
+            f"{path}: holds {got_dtype}{list(got_shape)}, the manifest expects {dtype}{list(shape)}")
+    want = HEADER_BYTES + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.stat(path).st_size
+    if size != want:
+        raise CorruptStoreError(f"{path}: file is {size} bytes, expected {want} (truncated or extended)")

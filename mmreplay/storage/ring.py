@@ -1,0 +1,182 @@
+"""Chunk files of every column, mapped into one ring-shaped array per column.
+
+A chunk is a directory ``chunks/<name>/`` holding one ``.npy`` file per
+column, each with ``rows_alloc`` rows. Chunk ``seq`` lives at ring position
+``seq % positions``; row ``r`` of that chunk is element
+``position * rows_alloc + r`` of the column's ring array. Only mapped chunks
+may be indexed (the rest of the range is inaccessible reserved space).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..options import Schema
+from . import npyfile
+from .vmem import VirtualRange
+
+FLAGS_DTYPE = np.dtype("uint8")
+REWARD_DTYPE = np.dtype("<f4")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+def columns_for(schema: Schema) -> tuple[Column, ...]:
+    """The columns of a store, in manifest order (see FORMAT.md)."""
+    cols = [
+        Column("obs", schema.obs_shape, schema.obs_dtype),
+        Column("action", schema.action_shape, schema.action_dtype),
+        Column("reward", (), REWARD_DTYPE),
+        Column("flags", (), FLAGS_DTYPE),
+    ]
+    cols += [Column("x_" + e.name, e.shape, e.dtype) for e in schema.extras]
+    return tuple(cols)
+
+
+def chunk_dirname(seq: int) -> str:
+    return f"{seq:012d}"
+
+
+def crc32_file_data(path: str) -> int:
+    """CRC-32 of a chunk file's data region (everything after the header), read in blocks."""
+    crc = 0
+    with open(path, "rb") as f:
+        f.seek(npyfile.HEADER_BYTES)
+        while block := f.read(8 * 2**20):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ChunkRing:
+    """Maps chunk files into per-column virtual ranges and gives ring-shaped numpy views."""
+
+    def __init__(self, root: str, schema: Schema, positions: int, writable: bool) -> None:
+        self.root = root
+        self.schema = schema
+        self.columns = columns_for(schema)
+        self.rows_alloc = schema.rows_alloc
+        self.writable = writable
+        self.positions = 0
+        self.mapped: dict[int, str] = {}  # seq -> chunk directory name
+        self._rw: set[int] = set()  # chunks mapped writable (the open chunk)
+        self._ranges: dict[str, VirtualRange] = {}
+        self.arrays: dict[str, np.ndarray] = {}
+        self._allocate(positions)
+
+    # -- geometry ---------------------------------------------------------------------------------------
+    def _chunk_bytes(self, col: Column) -> int:
+        return self.rows_alloc * col.row_bytes
+
+    def _allocate(self, positions: int) -> None:
+        self.positions = positions
+        for col in self.columns:
+            rng = VirtualRange(positions * self._chunk_bytes(col))
+            self._ranges[col.name] = rng
+            self.arrays[col.name] = rng.array(col.dtype, (positions * self.rows_alloc, *col.shape), self.writable)
+
+    def chunk_dir(self, name: str) -> str:
+        return os.path.join(self.root, "chunks", name)
+
+    def file_path(self, name: str, col: Column) -> str:
+        return os.path.join(self.root, "chunks", name, col.name + ".npy")
+
+    # -- chunk lifecycle --------------------------------------------------------------------------------
+    def create_chunk(self, seq: int) -> str:
+        """Create (preallocated) files for a new chunk and map them writable. Returns the directory name."""
+        name = chunk_dirname(seq)
+        os.makedirs(self.chunk_dir(name), exist_ok=True)
+        for col in self.columns:
+            npyfile.create(self.file_path(name, col), col.dtype, (self.rows_alloc, *col.shape))
+        fsync_path(self.chunk_dir(name))
+        fsync_path(os.path.join(self.root, "chunks"))
+        self.map_chunk(seq, name, writable=True)
+        return name
+
+    def map_chunk(self, seq: int, name: str, writable: bool) -> None:
+        if len(self.mapped) >= self.positions or (seq % self.positions) in {s % self.positions for s in self.mapped}:
+            raise RuntimeError(f"ring position of chunk {seq} is taken")  # guarded by the caller
+        pos = seq % self.positions
+        for col in self.columns:
+            path = self.file_path(name, col)
+            npyfile.check(path, col.dtype, (self.rows_alloc, *col.shape))
+            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            try:
+                cb = self._chunk_bytes(col)
+                self._ranges[col.name].map_file(pos * cb, fd, npyfile.HEADER_BYTES, cb, writable)
+            finally:
+                os.close(fd)
+        self.mapped[seq] = name
+        if writable:
+            self._rw.add(seq)
+
+    def unmap_chunk(self, seq: int) -> None:
+        pos = seq % self.positions
+        for col in self.columns:
+            cb = self._chunk_bytes(col)
+            self._ranges[col.name].release(pos * cb, cb)
+        del self.mapped[seq]
+        self._rw.discard(seq)
+
+    def sync_chunk(self, seq: int) -> None:
+        """Write the chunk's dirty pages to disk (msync + fsync of each file)."""
+        name = self.mapped[seq]
+        pos = seq % self.positions
+        for col in self.columns:
+            cb = self._chunk_bytes(col)
+            self._ranges[col.name].sync(pos * cb, cb)
+            fsync_path(self.file_path(name, col))
+
+    def seal_chunk(self, seq: int) -> dict[str, int]:
+        """Flush a full chunk, make it read-only (mapping and files) and return each column's CRC-32."""
+        self.sync_chunk(seq)
+        name = self.mapped[seq]
+        pos = seq % self.positions
+        crcs = {}
+        for col in self.columns:
+            cb = self._chunk_bytes(col)
+            rng = self._ranges[col.name]
+            rng.protect_readonly(pos * cb, cb)
+            self._rw.discard(seq)
+            view = np.frombuffer(rng._buf, dtype=np.uint8, count=cb, offset=pos * cb)
+            crcs[col.name] = zlib.crc32(view)
+            path = self.file_path(name, col)
+            os.chmod(path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        return crcs
+
+    def resize(self, positions: int) -> None:
+        """Move to a ring with more positions: every mapped chunk is remapped at ``seq % positions``."""
+        mapped, rw = dict(self.mapped), set(self._rw)
+        self.close()
+        self._allocate(positions)
+        for seq, name in sorted(mapped.items()):
+            self.map_chunk(seq, name, writable=seq in rw)
+
+    def close(self) -> None:
+        self.arrays = {}
+        for rng in self._ranges.values():
+            rng.close()
+        self._ranges = {}
+        self.mapped = {}
+        self._rw = set()

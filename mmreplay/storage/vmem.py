@@ -1,0 +1,118 @@
+"""One contiguous virtual address range per column, with chunk files mapped into it.
+
+Why: a sampled batch touches rows in many chunk files. If every chunk were its
+own ``np.memmap``, gathering a batch would loop over chunks in Python. Instead
+we reserve one large ``PROT_NONE`` range per column and map each chunk file's
+data region with ``MAP_FIXED`` at ``ring_position * chunk_bytes``. The whole
+ring is then a single numpy array and a batch is one vectorized ``np.take``.
+The reservation costs address space only; pages of mapped files count as
+page cache (``RssFile``), not as the process's anonymous memory.
+
+Linux only (``MAP_FIXED`` and ``MAP_NORESERVE`` through libc via ctypes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+
+PAGE = mmap.PAGESIZE
+_PROT_NONE = 0
+_PROT_READ = 1
+_PROT_WRITE = 2
+_MAP_SHARED = 0x01
+_MAP_PRIVATE = 0x02
+_MAP_FIXED = 0x10
+_MAP_ANONYMOUS = 0x20
+_MAP_NORESERVE = 0x4000
+MADV_NORMAL = 0
+MADV_RANDOM = 1
+MADV_SEQUENTIAL = 2
+MADV_WILLNEED = 3
+MADV_DONTNEED = 4
+_FAILED = ctypes.c_void_p(-1).value
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mprotect.restype = ctypes.c_int
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.msync.restype = ctypes.c_int
+_libc.msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _oserror(what: str) -> OSError:
+    err = ctypes.get_errno()
+    return OSError(err, f"{what}: {os.strerror(err)}")
+
+
+class VirtualRange:
+    """A reserved, page-aligned span of address space; file regions are mapped into it."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = max(PAGE, -(-nbytes // PAGE) * PAGE)
+        addr = _libc.mmap(None, self.nbytes, _PROT_NONE, _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE, -1, 0)
+        if addr in (None, _FAILED):
+            raise _oserror(f"reserving {self.nbytes} bytes of address space")
+        self.addr: int = addr
+        self._buf = (ctypes.c_char * self.nbytes).from_address(addr)
+
+    def _check(self, offset: int, length: int) -> None:
+        if self.addr == 0:
+            raise ValueError("the virtual range is closed")
+        if offset % PAGE or length % PAGE or offset < 0 or offset + length > self.nbytes:
+            raise ValueError(f"bad range offset={offset} length={length} (page {PAGE}, size {self.nbytes})")
+
+    def map_file(self, offset: int, fd: int, file_offset: int, length: int, writable: bool) -> None:
+        """Map ``length`` bytes of ``fd`` from ``file_offset`` at ``offset`` of the range (replacing what was there)."""
+        self._check(offset, length)
+        prot = _PROT_READ | (_PROT_WRITE if writable else 0)
+        got = _libc.mmap(self.addr + offset, length, prot, _MAP_SHARED | _MAP_FIXED, fd, file_offset)
+        if got != self.addr + offset:
+            raise _oserror("mapping a chunk file")
+        # Sampling reads scattered rows: without MADV_RANDOM each fault reads ahead hundreds of KB.
+        _libc.madvise(self.addr + offset, length, MADV_RANDOM)
+
+    def release(self, offset: int, length: int) -> None:
+        """Drop whatever is mapped at this span; it becomes inaccessible reserved space again."""
+        self._check(offset, length)
+        got = _libc.mmap(self.addr + offset, length, _PROT_NONE,
+                         _MAP_PRIVATE | _MAP_ANONYMOUS | _MAP_NORESERVE | _MAP_FIXED, -1, 0)
+        if got != self.addr + offset:
+            raise _oserror("releasing a chunk mapping")
+
+    def protect_readonly(self, offset: int, length: int) -> None:
+        self._check(offset, length)
+        if _libc.mprotect(self.addr + offset, length, _PROT_READ) != 0:
+            raise _oserror("making a sealed chunk read-only")
+
+    def advise(self, offset: int, length: int, advice: int) -> None:
+        self._check(offset, length)
+        _libc.madvise(self.addr + offset, length, advice)
+
+    def sync(self, offset: int, length: int) -> None:
+        """``msync(MS_SYNC)``: write the mapped pages of this span to the disk."""
+        self._check(offset, length)
+        if _libc.msync(self.addr + offset, length, 4) != 0:  # MS_SYNC
+            raise _oserror("msync of a chunk")
+
+    def array(self, dtype: np.dtype, shape: tuple[int, ...], writable: bool) -> np.ndarray:
+        """A numpy view of the whole range as ``shape`` (whose byte size must fit in the range)."""
+        count = int(np.prod(shape, dtype=np.int64))
+        arr = np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
+        arr.flags.writeable = writable
+        return arr
+
+    def close(self) -> None:
+        """Unmap everything. Views returned by ``array()`` must not be used afterwards."""
+        if self.addr:
+            _libc.munmap(self.addr, self.nbytes)
+            self.addr = 0
+            self._buf = None  # type: ignore[assignment]

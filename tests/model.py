@@ -1,0 +1,245 @@
+"""Reference model of the mmreplay store semantics (the oracle for tests).
+
+Plain lists and dicts, one loop per thing, everything kept in RAM forever;
+"evicted" is only a label computed from the chunk-retirement rule. It follows
+DESIGN.md §2/§2b and notes/semantics_spec.md. Choices where those are silent:
+
+- chunk_size=None means "one endless chunk": nothing is ever retired. The real
+  store's None picks a size from the frame bytes, so pass the real store's
+  chunk size explicitly whenever a comparison runs past capacity.
+- extras given to step() must be exactly the declared names (TypeError).
+- step() or current_obs() before the first reset() raises RuntimeError, also
+  in vector mode.
+- reset() of an episode that recorded no step just leaves an empty episode.
+- A row that became sampleable because the frame at t+n existed can later gain
+  truncated=True, when a reset() ends its episode at t+n-1 (end inside the window).
+  reward, discount and next_obs do not change; only that flag does.
+"""
+import operator
+
+import numpy as np
+
+
+class _Episode:
+    """One episode of one stream: where its frames are and which ids it owns."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.rows = []  # frame row of position 0, 1, 2, ... (obs_0 first)
+        self.ids = []  # transition id of step 0, 1, 2, ...
+        self.end = None  # None while open, then "terminated" or "truncated"
+
+
+class ModelStore:
+    def __init__(self, capacity, obs_shape, obs_dtype="uint8", stack=1, n_step=1, gamma=0.99,
+                 action_shape=(), action_dtype="int64", extras=None, num_envs=1, pad="zeros",
+                 chunk_size=None, vector=None):
+        if pad not in ("zeros", "first"):
+            raise ValueError(f"pad must be 'zeros' or 'first', got {pad!r}")
+        self.capacity = int(capacity)
+        self.obs_shape = tuple(obs_shape)
+        self.obs_dtype = np.dtype(obs_dtype)
+        self.k = int(stack)
+        self.n = int(n_step)
+        self.gamma = float(gamma)
+        self.action_shape = tuple(action_shape)
+        self.action_dtype = np.dtype(action_dtype)
+        self.extras_spec = {}
+        for name, (shape, dtype) in (extras or {}).items():
+            shape = (shape,) if isinstance(shape, int) else tuple(shape)
+            self.extras_spec[name] = (shape, np.dtype(dtype))
+        self.num_envs = int(num_envs)
+        self.vector = self.num_envs > 1 if vector is None else bool(vector)
+        if self.num_envs > 1 and not self.vector:
+            raise ValueError("num_envs > 1 needs vector=True (or None)")
+        self.pad = pad
+        if chunk_size is None:
+            self.rows_per_chunk = None  # never retire anything
+        else:
+            self.rows_per_chunk = int(chunk_size) // self.num_envs
+            if self.rows_per_chunk < 1:
+                raise ValueError("chunk_size must be >= num_envs")
+        self.frames = [[] for _ in range(self.num_envs)]  # frames[stream][row]
+        self.current = [None] * self.num_envs  # latest episode of each stream
+        self.transitions = []  # transitions[id] = dict(episode, t, action, reward, extras)
+        self.retired_chunks = 0  # chunks 0 .. retired_chunks-1 are gone
+
+    # ---------------------------------------------------------------- writing
+
+    def reset(self, obs):
+        frames = [self._frame(obs, s) for s in range(self.num_envs)]
+        self._open_row()
+        for s in range(self.num_envs):
+            ep = self.current[s]
+            if ep is not None and ep.end is None:
+                ep.end = "truncated"  # reset() mid-episode: truncated at its last step
+            self._start_episode(s, frames[s])
+
+    def step(self, action, reward, next_obs, terminated, truncated, **extras):
+        if set(extras) != set(self.extras_spec):
+            raise TypeError(f"extras must be {sorted(self.extras_spec)}, got {sorted(extras)}")
+        autoreset = []
+        for s in range(self.num_envs):
+            ep = self.current[s]
+            if ep is None:
+                raise RuntimeError("step() before reset()")
+            if ep.end is not None and not self.vector:
+                raise RuntimeError("the episode has ended; call reset() first")
+            autoreset.append(ep.end is not None)  # vector: NEXT_STEP autoreset
+        # Convert and check everything before writing anything.
+        frames = [self._frame(next_obs, s) for s in range(self.num_envs)]
+        records = []
+        for s in range(self.num_envs):
+            records.append(None if autoreset[s] else self._record(s, action, reward, extras))
+        row = self._open_row()
+        for s in range(self.num_envs):
+            if autoreset[s]:
+                self._start_episode(s, frames[s])  # action, reward, flags, extras ignored
+                continue
+            ep = self.current[s]
+            i = len(self.transitions)
+            self.transitions.append(dict(episode=ep, t=len(ep.ids), **records[s]))
+            ep.ids.append(i)
+            ep.rows.append(row)
+            self.frames[s].append(frames[s])
+            if bool(self._pick(terminated, s)):
+                ep.end = "terminated"  # terminated wins when both are set
+            elif bool(self._pick(truncated, s)):
+                ep.end = "truncated"
+
+    def _record(self, s, action, reward, extras):
+        action_s = np.array(self._pick(action, s), dtype=self.action_dtype)
+        if action_s.shape != self.action_shape:
+            raise ValueError(f"expected action shape {self.action_shape}, got {action_s.shape}")
+        extras_s = {}
+        for name, (shape, dtype) in self.extras_spec.items():
+            value = np.array(self._pick(extras[name], s), dtype=dtype)
+            if value.shape != shape:
+                raise ValueError(f"expected extras[{name!r}] shape {shape}, got {value.shape}")
+            extras_s[name] = value
+        return dict(action=action_s, reward=np.float32(self._pick(reward, s)), extras=extras_s)
+
+    def _pick(self, value, s):
+        return np.asarray(value)[s] if self.vector else value
+
+    def _frame(self, obs, s):
+        frame = np.array(self._pick(obs, s), dtype=self.obs_dtype)
+        if frame.shape != self.obs_shape:
+            raise ValueError(f"expected obs shape {self.obs_shape}, got {frame.shape}")
+        return frame
+
+    def _start_episode(self, s, frame):
+        ep = _Episode(s)
+        ep.rows.append(len(self.frames[s]))
+        self.frames[s].append(frame)
+        self.current[s] = ep
+
+    def _open_row(self):
+        """Return the row about to be written; retire old chunks if it opens a new one."""
+        row = len(self.frames[0])  # all streams advance in lockstep
+        per = self.rows_per_chunk
+        if per is not None and row > 0 and row % per == 0:
+            newest = row // per
+            while self.retired_chunks < newest:
+                keep_from = (self.retired_chunks + 1) * per
+                kept = 0
+                for tr in self.transitions:
+                    if self._next_row(tr) >= keep_from:
+                        kept += 1
+                if kept - self.k * self.num_envs >= self.capacity:
+                    self.retired_chunks += 1
+                else:
+                    break
+        return row
+
+    # ---------------------------------------------------------------- reading
+
+    @property
+    def next_id(self):
+        return len(self.transitions)
+
+    @property
+    def oldest_id(self):
+        first_row = self._first_retained_row()
+        for i, tr in enumerate(self.transitions):
+            if self._next_row(tr) >= first_row:
+                return i
+        return self.next_id
+
+    def __len__(self):
+        return len(self.sampleable_ids())
+
+    def sampleable_ids(self):
+        return [i for i in range(self.oldest_id, self.next_id) if self._complete_and_intact(i)]
+
+    def row(self, i):
+        i = operator.index(i)
+        if not (self.oldest_id <= i < self.next_id and self._complete_and_intact(i)):
+            raise KeyError(i)
+        tr = self.transitions[i]
+        ep, t = tr["episode"], tr["t"]
+        m, end = self._window(tr)
+        total = 0.0  # float64, summed in increasing j
+        for j in range(m):
+            total += self.gamma ** j * float(self.transitions[ep.ids[t + j]]["reward"])
+        terminated = end == "terminated"
+        return dict(
+            obs=self._stacked(ep, t),
+            next_obs=self._stacked(ep, t + m),
+            action=tr["action"].copy(),
+            reward=np.float32(total),
+            discount=np.float32(0.0) if terminated else np.float32(self.gamma ** m),
+            terminated=terminated,
+            truncated=end == "truncated",
+            index=i,
+            extras={name: value.copy() for name, value in tr["extras"].items()},
+        )
+
+    def current_obs(self):
+        states = []
+        for ep in self.current:
+            if ep is None:
+                raise RuntimeError("current_obs() before reset()")
+            states.append(self._stacked(ep, len(ep.rows) - 1))
+        return np.stack(states) if self.vector else states[0]
+
+    # ---------------------------------------------------------------- rules
+
+    def _first_retained_row(self):
+        return 0 if self.rows_per_chunk is None else self.retired_chunks * self.rows_per_chunk
+
+    def _next_row(self, tr):
+        return tr["episode"].rows[tr["t"] + 1]
+
+    def _window(self, tr):
+        """(m, end) where end is the episode's end if it lies in the window else None;
+        None while the window is still pending."""
+        ep, t = tr["episode"], tr["t"]
+        last = len(ep.ids) - 1  # the episode's latest transition so far
+        if ep.end is not None and last - t < self.n:
+            return last - t + 1, ep.end
+        if len(ep.rows) > t + self.n:  # the frame at position t+n exists
+            return self.n, None
+        return None
+
+    def _complete_and_intact(self, i):
+        tr = self.transitions[i]
+        if self._window(tr) is None:
+            return False
+        ep, t = tr["episode"], tr["t"]
+        first_row = self._first_retained_row()
+        for p in range(max(0, t - self.k + 1), t + 1):
+            if ep.rows[p] < first_row:
+                return False
+        return True
+
+    def _stacked(self, ep, pos):
+        out = []
+        for p in range(pos - self.k + 1, pos + 1):
+            if p >= 0:
+                out.append(self.frames[ep.stream][ep.rows[p]])
+            elif self.pad == "first":
+                out.append(self.frames[ep.stream][ep.rows[0]])
+            else:
+                out.append(np.zeros(self.obs_shape, self.obs_dtype))
+        return np.stack(out)

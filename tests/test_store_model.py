@@ -1,0 +1,90 @@
+"""Property tests: random episode streams through the store and the reference model agree on every row."""
+
+from __future__ import annotations
+
+import numpy as np
+from helpers import assert_same, make_pair
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# An episode event per env and step: 0 continue, 1 terminated, 2 truncated, 3 both flags.
+EVENTS = st.sampled_from([0] * 8 + [1, 2, 3])
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> dict:
+    num_envs = draw(st.integers(1, 4))
+    vector = num_envs > 1 or draw(st.booleans())
+    return dict(
+        num_envs=num_envs,
+        vector=vector,
+        stack=draw(st.integers(1, 4)),
+        n_step=draw(st.integers(1, 5)),
+        gamma=draw(st.sampled_from([0.5, 0.9, 0.99])),
+        pad=draw(st.sampled_from(["zeros", "first"])),
+        chunk_size=num_envs * draw(st.integers(2, 9)),
+        capacity=draw(st.integers(1, 40)),
+        extras={"lp": ((), "float32"), "vec": ((2,), "int16")},
+        action_shape=draw(st.sampled_from([(), (2,)])),
+        action_dtype=draw(st.sampled_from(["int64", "float32"])),
+    )
+
+
+def _run(tmp_path, cfg: dict, events: list[list[int]], resets: list[bool], check_every: int) -> None:
+    pair = make_pair(str(tmp_path / "s"), **cfg)
+    n, vector = cfg["num_envs"], cfg["vector"]
+    rng = np.random.default_rng(len(events))
+    pair.store.reset(o := pair.frame(n if vector else None))
+    pair.model.reset(o)
+    ended = [False] * n
+    for t, (ev, reset) in enumerate(zip(events, resets, strict=True)):
+        if not vector and (ended[0] or reset):
+            pair.store.reset(o := pair.frame(None))
+            pair.model.reset(o)
+            ended[0] = False
+        elif vector and reset:
+            pair.store.reset(o := pair.frame(n))
+            pair.model.reset(o)
+            ended = [False] * n
+        ev = ev[:n] + [0] * (n - len(ev))
+        term = [e in (1, 3) for e in ev]
+        trunc = [e in (2, 3) for e in ev]
+        ash = (n,) if vector else ()
+        action = rng.integers(0, 5, size=ash + cfg["action_shape"]).astype(cfg["action_dtype"])
+        reward = rng.integers(-3, 4, size=ash).astype(np.float64) / 4
+        extras = dict(lp=rng.standard_normal(ash).astype(np.float32),
+                      vec=rng.integers(-9, 9, size=ash + (2,)).astype(np.int16))
+        obs = pair.frame(n if vector else None)
+        if vector:
+            args = (action, reward, obs, np.array(term), np.array(trunc))
+        else:
+            args = (action, float(reward), obs, term[0], trunc[0])
+        pair.store.step(*args, **extras)
+        pair.model.step(*args, **extras)
+        # autoreset envs ignore flags: mirror which envs are now between episodes
+        ended = [(not ended[s] and (term[s] or trunc[s])) if vector else (term[s] or trunc[s]) for s in range(n)]
+        if t % check_every == check_every - 1:
+            assert_same(pair)
+    assert_same(pair)
+    np.testing.assert_array_equal(pair.store.current_obs(), pair.model.current_obs())
+    pair.store.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs(), data=st.data())
+def test_random_streams_match_model(tmp_path_factory, cfg, data):
+    steps = data.draw(st.integers(1, 120))
+    events = data.draw(st.lists(st.lists(EVENTS, min_size=cfg["num_envs"], max_size=cfg["num_envs"]),
+                                min_size=steps, max_size=steps))
+    resets = data.draw(st.lists(st.sampled_from([False] * 30 + [True]), min_size=steps, max_size=steps))
+    check_every = data.draw(st.integers(5, 40))
+    _run(tmp_path_factory.mktemp("prop"), cfg, events, resets, check_every)
+
+
+def test_long_run_with_many_wraparounds(tmp_path):
+    """Hundreds of chunk retirements with short chunks, checked every few steps."""
+    cfg = dict(num_envs=2, vector=True, stack=4, n_step=3, gamma=0.9, pad="zeros", chunk_size=8, capacity=30,
+               extras={"lp": ((), "float32"), "vec": ((2,), "int16")}, action_shape=(), action_dtype="int64")
+    rng = np.random.default_rng(7)
+    events = [[int(rng.choice([0] * 12 + [1, 2])) for _ in range(2)] for _ in range(1500)]
+    _run(tmp_path, cfg, events, [False] * 1500, check_every=37)
