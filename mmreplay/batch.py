@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .index import Plan
+from .reader import FrameReader
 
 __all__ = ["Batch"]
 
@@ -38,38 +39,33 @@ class Batch:
         return int(self.index.shape[0])
 
 
-def _stack(frames: np.ndarray, slots: np.ndarray, pad: np.ndarray) -> np.ndarray:
-    b, k = slots.shape
-    out = np.empty((b, k) + frames.shape[1:], frames.dtype)
-    np.take(frames, slots.reshape(-1), axis=0, out=out.reshape((b * k,) + frames.shape[1:]), mode="clip")
-    if pad.any():
-        out[pad] = 0
-    return out
-
-
 def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
-             extra_names: tuple[str, ...], weight: np.ndarray | None = None) -> Batch:
-    """Copy a planned batch out of the ring arrays (the only place frames are read for sampling)."""
-    frames = arrays["obs"]
-    obs = _stack(frames, plan.obs_slots, plan.obs_pad)
-    next_obs = _stack(frames, plan.next_slots, plan.next_pad)
+             extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None) -> Batch:
+    """Copy a planned batch out of the ring arrays (the only place frames are read for sampling).
+
+    ``ids`` is used as the batch's ``index`` without a copy: pass an array the caller owns.
+    """
+    obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots)
+    if plan.obs_pad.any():
+        obs[plan.obs_pad] = 0
+    if plan.next_pad.any():
+        next_obs[plan.next_pad] = 0
     if plan.next_missing.any():
         next_obs[plan.next_missing] = 0
-    rewards = arrays["reward"][plan.reward_slots]
-    acc = np.zeros(plan.slots.size, np.float64)
-    for i in range(rewards.shape[1]):  # increasing i, in float64: the documented summation order
-        acc += plan.reward_weights[:, i] * rewards[:, i].astype(np.float64)
-    discount = np.where(plan.terminated, np.float32(0.0), discounts[plan.m]).astype(np.float32)
-    b = plan.slots.size
+    # n-step return: float64 terms summed strictly in increasing i (accumulate is sequential)
+    terms = arrays["reward"][plan.reward_slots] * plan.reward_weights
+    reward = np.add.accumulate(terms, axis=1)[:, -1].astype(np.float32)
+    discount = discounts[plan.m]
+    discount[plan.terminated] = 0
     return Batch(
         obs=obs,
         action=arrays["action"][plan.slots],
-        reward=acc.astype(np.float32),
+        reward=reward,
         next_obs=next_obs,
         discount=discount,
-        terminated=plan.terminated.copy(),
-        truncated=plan.truncated.copy(),
-        index=ids.astype(np.int64, copy=True),
-        weight=np.ones(b, np.float32) if weight is None else weight.astype(np.float32),
+        terminated=plan.terminated,
+        truncated=plan.truncated,
+        index=ids,
+        weight=np.ones(ids.size, np.float32) if weight is None else weight.astype(np.float32, copy=False),
         extras={name: arrays["x_" + name][plan.slots] for name in extra_names},
     )

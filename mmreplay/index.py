@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+_EMPTY = np.empty(0, np.int64)
+_EMPTY.flags.writeable = False
+
 # Flag bits stored in the ``flags`` column (FORMAT.md).
 START = 1  # the frame is an episode's first observation; no transition ends here
 TERMINATED = 2  # the transition ending here terminated the episode
@@ -47,8 +50,8 @@ class Geometry:
     def slots(self, s: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
         """Ring slot of row(s) ``r`` of stream(s) ``s`` (broadcasting)."""
         rs = self.rows_per_stream
-        r = np.asarray(r, dtype=np.int64)
-        return (r // rs % self.positions) * self.rows_alloc + np.asarray(s, dtype=np.int64) * rs + r % rs
+        q, within = np.divmod(np.asarray(r, dtype=np.int64), rs)
+        return (q % self.positions) * self.rows_alloc + (np.asarray(s, dtype=np.int64) * rs + within)
 
     def chunk_slots(self, seq: int) -> slice:
         base = (seq % self.positions) * self.rows_alloc
@@ -85,6 +88,10 @@ class Index:
         self.k = stack
         self.n = n_step
         self.pad_first = pad == "first"
+        self._back = np.arange(stack - 1, -1, -1, dtype=np.int64)  # k-1 .. 0: oldest frame first
+        self._ar_n = np.arange(n_step, dtype=np.int64)
+        self._ar_k = np.arange(stack, dtype=np.int64)
+        self._span = np.arange(-stack, n_step, dtype=np.int64)
         size = geometry.positions * geometry.rows_alloc
         self.flags = np.zeros(size, np.uint8)
         self.epos = np.zeros(size, np.int32)
@@ -95,6 +102,7 @@ class Index:
         self.oldest_row = 0  # first retained row (all streams)
         self.checked = np.zeros(geometry.num_envs, np.int64)  # per stream: first row whose validity is undecided
         self.n_valid = 0
+        self._synced_rows = -1
 
     # -- layout ----------------------------------------------------------------------------------------
     def resize(self, positions: int, retained_seqs: list[int]) -> None:
@@ -137,6 +145,9 @@ class Index:
 
     def sync(self) -> np.ndarray:
         """Decide every row whose n-step window has closed since the last call; return newly valid slots."""
+        if self.rows == self._synced_rows:
+            return _EMPTY  # nothing was written: no window can have closed
+        self._synced_rows = self.rows
         found = []
         while True:
             starts = np.maximum(self.checked, self.oldest_row)
@@ -217,37 +228,56 @@ class Index:
         return s, seq_of_pos[pos] * geo.rows_per_stream + within
 
     def stack_slots(self, s: np.ndarray, last: np.ndarray, epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask."""
-        back = np.arange(self.k - 1, -1, -1, dtype=np.int64)  # k-1 .. 0
-        pad = back[None, :] > epos_last[:, None]
-        rows = last[:, None] - back[None, :]
+        """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask.
+
+        Works for any leading shape of ``s``/``last``/``epos_last`` (broadcast together).
+        """
+        back = self._back
+        pad = back > epos_last[..., None]
+        rows = last[..., None] - back
         if self.pad_first or pad.any():
-            rows = np.where(pad, (last - epos_last)[:, None], rows)  # the episode's first frame
-        return self.geo.slots(s[:, None], rows), (pad if not self.pad_first else np.zeros_like(pad))
+            rows = np.where(pad, (last - epos_last)[..., None], rows)  # the episode's first frame
+            if self.pad_first:
+                pad = np.zeros_like(pad)
+        return self.geo.slots(s[..., None], rows), pad
 
-    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray, discounts: np.ndarray,
-             gammas: np.ndarray) -> Plan:
-        """Everything needed to build the rows of valid transition slots (vectorized, no data access)."""
-        geo, n = self.geo, self.n
+    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray, gammas: np.ndarray) -> Plan:
+        """Everything needed to build the rows of *valid* transition slots (vectorized, no data access).
+
+        Every frame a row needs lies in the span of rows ``rho-k .. rho+n-1`` of its stream (obs
+        stack, n-step window, next stack), so one slot computation over that span serves all.
+        Column ``c`` of the span is row ``rho + c - k``. Span rows past the last written row are
+        clamped to it; a valid row's window never reaches them before its first episode end, so
+        they cannot change ``m``.
+        """
+        k, n = self.k, self.n
         s, rho = self.rows_of(slots, seq_of_pos)
-        win = rho[:, None] + np.arange(n, dtype=np.int64)
-        written = win < self.rows
-        wslots = geo.slots(s[:, None], np.minimum(win, self.rows - 1))
-        wf = self.flags[wslots]
-        ends = written & ((wf & END) != 0)
-        has_end = ends.any(axis=1)
-        m = np.where(has_end, ends.argmax(axis=1) + 1, n)
+        span = rho[:, None] + self._span
+        np.maximum(span, self.oldest_row, out=span)
+        np.minimum(span, self.rows - 1, out=span)
+        sl = self.geo.slots(s[:, None], span)  # (B, k+n)
+        wslots = sl[:, k:]
+        fl = self.flags[wslots]  # the window's frames
+        ends = (fl & END) != 0
+        first_end = ends.copy()
+        first_end[:, -1] = True
+        m = first_end.argmax(axis=1) + 1  # window length: up to and including the first end
         idx = np.arange(slots.size)
-        last_f = wf[idx, m - 1]
-        terminated = has_end & ((last_f & TERMINATED) != 0)
-        truncated = has_end & ~terminated
-        obs_slots, obs_pad = self.stack_slots(s, rho - 1, self.epos[slots] - 1)
-        last = rho + m - 1
-        last_slots = wslots[idx, m - 1]
-        next_slots, next_pad = self.stack_slots(s, last, self.epos[last_slots])
-        weights = np.where(np.arange(n)[None, :] < m[:, None], gammas[None, :n], 0.0)
+        last_f = fl[idx, m - 1]
+        has_end = ends.any(axis=1)
+        terminated = (last_f & TERMINATED) != 0
+        # A span column c is before the episode's first stored frame iff c < k - epos(rho).
+        first_col = k - self.epos[slots].astype(np.int64)
+        obs_pad = self._ar_k < first_col[:, None]
+        next_cols = m[:, None] + self._ar_k
+        next_pad = next_cols < first_col[:, None]
+        obs_slots = sl[:, :k]
+        next_slots = sl[idx[:, None], next_cols]
+        if self.pad_first:
+            first = sl[idx, np.maximum(first_col, 0)][:, None]
+            obs_slots = np.where(obs_pad, first, obs_slots)
+            next_slots = np.where(next_pad, first, next_slots)
+            obs_pad = next_pad = np.zeros_like(obs_pad)
+        weights = np.where(self._ar_n < m[:, None], gammas[:n], 0.0)
         return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, weights, m, terminated,
-                    truncated, terminated & ((last_f & MISSING) != 0))
-
-    def discount(self, plan: Plan, discounts: np.ndarray) -> np.ndarray:
-        return np.where(plan.terminated, np.float32(0.0), discounts[plan.m]).astype(np.float32)
+                    has_end & ~terminated, terminated & ((last_f & MISSING) != 0))

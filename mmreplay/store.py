@@ -17,6 +17,7 @@ import numpy as np
 
 from . import _inputs
 from .batch import Batch, assemble
+from .reader import FrameReader
 from .errors import (
     EpisodeStateError,
     NotAStoreError,
@@ -49,7 +50,7 @@ class ReplayStore:
 
     # -- construction ----------------------------------------------------------------------------------
     def __init__(self, path: str, schema: Schema, manifest: dict[str, Any], mode: str,
-                 seed: int | None, lock_fd: int | None) -> None:
+                 seed: int | None, lock_fd: int | None, read_threads: int | None = None) -> None:
         self._path = path
         self._schema = schema
         self._mode = mode
@@ -70,6 +71,8 @@ class ReplayStore:
         self._gammas = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float64)
         self._discounts = self._gammas.astype(np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
+        self._obs_dtype = schema.obs_dtype
+        self._reader = FrameReader(self._log.ring.arrays["obs"], read_threads)
         self._load_stream_state()
 
     @classmethod
@@ -77,7 +80,8 @@ class ReplayStore:
                stack: int = 1, n_step: int = 1, gamma: float = 0.99, action_shape: Any = (),
                action_dtype: Any = "int64", extras: dict[str, Any] | None = None, num_envs: int = 1,
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
-               prioritized: Prioritized | None = None, vector: bool | None = None) -> ReplayStore:
+               prioritized: Prioritized | None = None, vector: bool | None = None,
+               read_threads: int | None = None) -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
@@ -104,13 +108,15 @@ class ReplayStore:
         body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
                 "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state}
         write_manifest(path, body)
-        return cls.open(path, mode="r+")
+        return cls.open(path, mode="r+", read_threads=read_threads)
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], mode: str = "r+", seed: int | None = None) -> ReplayStore:
+    def open(cls, path: str | os.PathLike[str], mode: str = "r+", seed: int | None = None,
+             read_threads: int | None = None) -> ReplayStore:
         """Open a store as of its last commit. ``mode="r+"`` takes the single-writer lock; ``"r"`` reads.
 
-        ``seed=None`` continues the committed sampling RNG; an int reseeds it.
+        ``seed=None`` continues the committed sampling RNG; an int reseeds it. ``read_threads``:
+        threads that copy a batch's frames (default: up to 4, one per core).
         Raises ``StoreNotFoundError``, ``NotAStoreError``, ``CorruptStoreError``, ``FormatVersionError``,
         ``StoreLockedError``.
         """
@@ -124,7 +130,7 @@ class ReplayStore:
             raise NotAStoreError(f"{path}/manifest.json: unreadable schema ({exc})") from None
         lock_fd = _take_lock(path) if mode == "r+" else None
         try:
-            return cls(path, schema, manifest, mode, seed, lock_fd)
+            return cls(path, schema, manifest, mode, seed, lock_fd, read_threads)
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -231,7 +237,8 @@ class ReplayStore:
         log = self._log
         slot = self._prepare_row()
         arrays = self._arrays
-        arrays["obs"][slot] = frame
+        log.write_frame(slot, frame if frame.dtype == self._obs_dtype and frame.flags.c_contiguous
+                        else np.ascontiguousarray(frame, self._obs_dtype))
         arrays["action"][slot] = act
         arrays["reward"][slot] = rew
         f = TERMINATED if term else (TRUNCATED if trunc else 0)
@@ -286,7 +293,9 @@ class ReplayStore:
                flags: np.ndarray, xs: dict[str, np.ndarray] | None, keep: np.ndarray | None = None) -> None:
         """Write one row of every stream; columns of rows not in ``keep`` (START frames) are zeroed."""
         a = self._arrays
-        a["obs"][slots] = frames
+        frames = np.ascontiguousarray(frames, self._obs_dtype)
+        for i, slot in enumerate(slots.tolist()):
+            self._log.write_frame(slot, frames[i])
         a["flags"][slots] = flags
         if keep is None or not keep.all():
             a["action"][slots] = 0
@@ -305,7 +314,9 @@ class ReplayStore:
         except OSError as exc:
             raise self._fail(exc, "opening a new chunk") from exc
         finally:
-            self._arrays = self._log.ring.arrays
+            if self._arrays is not self._log.ring.arrays:  # the ring grew: new views
+                self._arrays = self._log.ring.arrays
+                self._reader.frames = self._arrays["obs"]
 
     # -- reading ---------------------------------------------------------------------------------------
     def sample(self, batch_size: int, replace: bool = True) -> Batch:
@@ -318,7 +329,7 @@ class ReplayStore:
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
         log = self._log
-        ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._ids_valid,
+        ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._valid_in_range,
                            self._valid_ids, b, bool(replace))
         return self._assemble(self._slots_of(ids), ids)
 
@@ -328,7 +339,7 @@ class ReplayStore:
         Raises ``NotSampleableError`` naming the first id that is evicted, never issued, or not sampleable.
         """
         self._check_open()
-        ids = _inputs.ids_array(index)
+        ids = _inputs.ids_array(index).copy()  # the batch owns its index array
         self._sync()
         self._check_ids(ids)
         return self._assemble(self._slots_of(ids), ids)
@@ -399,6 +410,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
+            self._reader.close()
             self._log.close()
             self._arrays = {}
             if self._lock_fd is not None:
@@ -435,6 +447,11 @@ class ReplayStore:
         idx = self._log.index
         return idx.id2slot[ids % idx.id2slot.size]
 
+    def _valid_in_range(self, ids: np.ndarray) -> np.ndarray:
+        """Sampleable mask of ids known to lie in the retained range."""
+        idx = self._log.index
+        return idx.valid[idx.id2slot[ids % idx.id2slot.size]]
+
     def _ids_valid(self, ids: np.ndarray) -> np.ndarray:
         log = self._log
         inside = (ids >= log.oldest_id) & (ids < log.next_id)
@@ -464,8 +481,8 @@ class ReplayStore:
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         log = self._log
-        plan = log.index.plan(slots, log.seq_of_pos, self._discounts, self._gammas)
-        return assemble(plan, self._arrays, ids, self._discounts, self._extra_names, weight)
+        plan = log.index.plan(slots, log.seq_of_pos, self._gammas)
+        return assemble(plan, self._arrays, ids, self._discounts, self._extra_names, self._reader, weight)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -140,29 +140,37 @@ class ChunkRing:
         self._rw.discard(seq)
 
     def sync_chunk(self, seq: int) -> None:
-        """Write the chunk's dirty pages to disk (msync + fsync of each file)."""
+        """Write the chunk's dirty pages to disk: ``fsync`` of each column file.
+
+        Pages dirtied through a shared mapping are tracked by the page cache (write-notify
+        faults), so ``fsync`` on the file covers them; no separate ``msync`` is needed.
+        """
         name = self.mapped[seq]
+        for col in self.columns:
+            fsync_path(self.file_path(name, col))
+
+    def protect_chunk(self, seq: int) -> None:
+        """Make a full chunk's mappings read-only: nothing may write a sealed chunk again."""
         pos = seq % self.positions
         for col in self.columns:
             cb = self._chunk_bytes(col)
-            self._ranges[col.name].sync(pos * cb, cb)
-            fsync_path(self.file_path(name, col))
+            self._ranges[col.name].protect_readonly(pos * cb, cb)
+        self._rw.discard(seq)
 
-    def seal_chunk(self, seq: int) -> dict[str, int]:
-        """Flush a full chunk, make it read-only (mapping and files) and return each column's CRC-32."""
+    def finish_seal(self, seq: int) -> dict[str, int]:
+        """fsync a protected chunk, mark its files read-only and return each column's CRC-32.
+
+        Thread-safe with respect to the writer as long as the chunk stays mapped: it only reads.
+        """
         self.sync_chunk(seq)
         name = self.mapped[seq]
         pos = seq % self.positions
         crcs = {}
         for col in self.columns:
             cb = self._chunk_bytes(col)
-            rng = self._ranges[col.name]
-            rng.protect_readonly(pos * cb, cb)
-            self._rw.discard(seq)
-            view = np.frombuffer(rng._buf, dtype=np.uint8, count=cb, offset=pos * cb)
+            view = np.frombuffer(self._ranges[col.name]._buf, dtype=np.uint8, count=cb, offset=pos * cb)
             crcs[col.name] = zlib.crc32(view)
-            path = self.file_path(name, col)
-            os.chmod(path, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
 
     def resize(self, positions: int) -> None:

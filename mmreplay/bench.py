@@ -1,0 +1,168 @@
+"""The reference workload of DESIGN.md §5, as functions the CLI and ``tools/`` benchmarks share.
+
+84x84 uint8 frames, stack 4, n-step 3, gamma 0.99, episodes of 100..3000
+steps, batches of 32. Frames come from a pool of generated Atari-like frames
+so that generating them does not count against the append rate.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from .options import Prioritized
+from .store import ReplayStore
+from .synthetic import atari_like_episodes
+
+OBS = (84, 84)
+BATCH = 32
+
+
+def frame_pool(size: int = 2048, seed: int = 0) -> np.ndarray:
+    frames = []
+    for ep in atari_like_episodes(10**9, seed=seed, min_len=300, max_len=300):
+        frames.append(ep.frames)
+        if sum(len(f) for f in frames) >= size:
+            break
+    return np.concatenate(frames)[:size]
+
+
+def rss_anon_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def disk_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def fill(store: ReplayStore, steps: int, pool: np.ndarray, seed: int = 0,
+         progress: Any = None) -> float:
+    """Append ``steps`` transitions in episodes of 100..3000 steps; returns transitions per second."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(100, 3001, size=steps // 100 + 2)
+    actions = rng.integers(0, 6, size=steps)
+    rewards = (rng.random(steps) < 0.02).astype(np.float64)
+    npool = len(pool)
+    store.reset(pool[0])
+    e, left = 0, int(lengths[0])
+    t0 = time.perf_counter()
+    for i in range(steps):
+        left -= 1
+        end = left == 0
+        store.step(int(actions[i]), float(rewards[i]), pool[(i + 1) % npool], end, False)
+        if end:
+            store.reset(pool[(i + 7) % npool])
+            e += 1
+            left = int(lengths[e % len(lengths)])
+        if progress is not None and i % 4096 == 0:
+            progress.update(min(4096, steps - i))
+    return steps / (time.perf_counter() - t0)
+
+
+def warm(store: ReplayStore) -> None:
+    """Touch every mapped page so page tables are populated (what a long-running learner sees)."""
+    arrays = store._log.ring.arrays  # benchmark-only access to the mapped ring
+    a = store.schema.rows_alloc
+    for seq in list(store._log.ring.mapped):
+        pos = seq % store._log.ring.positions
+        for arr in arrays.values():
+            np.asarray(arr[pos * a:(pos + 1) * a]).view(np.uint8).reshape(-1)[::4096].sum()
+
+
+def memcpy_bandwidth(nbytes: int = 256 * 2**20, repeat: int = 5) -> float:
+    """Plain memory-copy bandwidth (bytes/s) of a large ``np.copyto``: best of ``repeat``."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.zeros(nbytes, np.uint8)
+    best = 0.0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        np.copyto(dst, src)
+        best = max(best, nbytes / (time.perf_counter() - t))
+    return best
+
+
+def sample_rate(store: ReplayStore, seconds: float = 1.0, update: bool = False) -> float:
+    """Batches of 32 per second (with ``update_priorities`` after each when ``update``)."""
+    rng = np.random.default_rng(1)
+    store.sample(BATCH)
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        b = store.sample(BATCH)
+        if update:
+            store.update_priorities(b.index, rng.random(BATCH) + 0.01)  # type: ignore[attr-defined]
+        n += 1
+        if n % 16 == 0 and time.perf_counter() - t0 >= seconds:
+            return n / (time.perf_counter() - t0)
+
+
+def efficiency(store: ReplayStore, rounds: int = 3, seconds: float = 1.0) -> dict[str, float]:
+    """Warm sampling efficiency: obs+next_obs bytes/s of sample(32) over memcpy bandwidth, same run.
+
+    Bandwidth and sampling are measured alternately ``rounds`` times; the medians are reported.
+    """
+    row_bytes = 2 * store.schema.stack * store.schema.frame_bytes
+    rates, bws = [], []
+    for _ in range(rounds):
+        bws.append(memcpy_bandwidth())
+        rates.append(sample_rate(store, seconds))
+    rate, bw = float(np.median(rates)), float(np.median(bws))
+    return {"batches_per_s": rate, "sample_gbps": rate * BATCH * row_bytes / 1e9, "memcpy_gbps": bw / 1e9,
+            "efficiency": rate * BATCH * row_bytes / bw}
+
+
+def reference_workload(capacity: int, path: str | None = None, prioritized: Prioritized | None = None,
+                       quiet: bool = True) -> dict[str, Any]:
+    """Fill a store of ``capacity`` to 1.1x capacity and measure it. Deletes what it wrote."""
+    scratch = path or tempfile.mkdtemp(prefix="mmreplay-bench-")
+    where = os.path.join(scratch, "store")
+    pool = frame_pool()
+    from tqdm import tqdm
+
+    try:
+        store = ReplayStore.create(where, capacity=capacity, obs_shape=OBS, stack=4, n_step=3, gamma=0.99,
+                                   prioritized=prioritized)
+        steps = capacity + capacity // 10
+        with tqdm(total=steps, desc="append", disable=quiet, leave=False) as bar:
+            append = fill(store, steps, pool, progress=bar)
+        rss_fill = rss_anon_mb()
+        len(store)
+        store.commit()
+        warm(store)
+        eff = efficiency(store)
+        out: dict[str, Any] = {"capacity": capacity, "append_per_s": append, "rss_anon_mb": rss_fill,
+                               "disk_bytes": disk_bytes(where), "sampleable": len(store), **eff}
+        store.close()
+        return out
+    finally:
+        if path is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        else:
+            shutil.rmtree(where, ignore_errors=True)
+
+
+def quick_bench(capacity: int, path: str | None, quiet: bool = False) -> Iterator[str]:
+    r = reference_workload(capacity, path, quiet=quiet)
+    yield f"reference workload at capacity {capacity:,} (84x84 uint8, stack 4, n-step 3, batch 32)"
+    yield f"  append          {r['append_per_s']:,.0f} transitions/s"
+    yield (f"  sample(32)      {r['batches_per_s']:,.0f} batches/s = {r['sample_gbps']:.2f} GB/s of obs+next_obs"
+           f" (memcpy {r['memcpy_gbps']:.2f} GB/s, efficiency {r['efficiency']:.2f})")
+    yield f"  RssAnon         {r['rss_anon_mb']:,.0f} MB after filling"
+    yield f"  disk            {r['disk_bytes'] / 1e9:,.3f} GB"

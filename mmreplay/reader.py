@@ -1,0 +1,94 @@
+"""Reading frame stacks out of the ring: output recycling and reads split across threads.
+
+All reads of frames for sampling go through ``FrameReader.stacks`` (the one
+reader interface a later compressed or cold-storage chunk format plugs into).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+
+
+class FramePool:
+    """Recycles the memory of obs/next_obs outputs the caller no longer references.
+
+    A fresh 2 MB output per batch costs page faults and zeroing on every call (glibc serves
+    such sizes with a new mmap each time) - as much as the gather itself. A buffer is reused
+    only when this pool holds the sole reference to it: a batch array still alive anywhere
+    (also as the base of a view, or wrapped by ``torch.from_numpy``) keeps its buffer out.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self._size = size
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            for buf in self._free:
+                # references: the list, the loop variable, getrefcount's argument
+                if buf.shape == shape and buf.dtype == dtype and sys.getrefcount(buf) == 3:
+                    return buf
+            buf = np.empty(shape, dtype)
+            self._free.append(buf)
+            if len(self._free) > self._size:
+                self._free.pop(0)
+            return buf
+
+
+def default_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class FrameReader:
+    """Gathers frame stacks from the ring's frame array into recycled output buffers.
+
+    ``np.take`` releases the GIL, and one core does not saturate memory bandwidth, so a
+    batch's rows are split between the calling thread and ``threads - 1`` workers
+    (measured on 2 cores: 320 us -> 222 us for the 256 frames of a batch of 32).
+    """
+
+    MIN_SPLIT_BYTES = 256 * 1024  # below this, handing work to a thread costs more than it saves
+
+    def __init__(self, frames: np.ndarray, threads: int | None = None) -> None:
+        self.frames = frames
+        self.threads = default_threads() if threads is None else max(1, int(threads))
+        self._pool = FramePool()
+        self._executor: ThreadPoolExecutor | None = None
+
+    def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
+        frames = self.frames
+        b, k = obs_slots.shape
+        both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
+        flat = both.reshape((2 * b * k,) + frames.shape[1:])
+        index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
+        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+        if parts == 1:
+            np.take(frames, index, axis=0, out=flat, mode="clip")
+        else:
+            bounds = [index.size * i // parts for i in range(parts + 1)]
+            futures: list[Future[np.ndarray]] = []
+            ex = self._workers()
+            for i in range(1, parts):
+                lo, hi = bounds[i], bounds[i + 1]
+                futures.append(ex.submit(np.take, frames, index[lo:hi], 0, flat[lo:hi], "clip"))
+            np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
+            for f in futures:
+                f.result()
+        return both[0], both[1]  # C-contiguous views of one buffer
+
+    def _workers(self) -> ThreadPoolExecutor:
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mmreplay-read")
+        return self._executor
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
