@@ -7,14 +7,16 @@ nothing. Messages say what was expected, what came, and what to change.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from .options import Schema
 
+Casting = Literal["safe", "same_kind"]
 
-def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casting: str, hint: str) -> np.ndarray:
+
+def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casting: Casting, hint: str) -> np.ndarray:
     arr = value if type(value) is np.ndarray else np.asarray(value)
     if arr.shape != shape:
         raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def _out(text: str = "") -> None:
     sys.stdout.write(text + "\n")
 
 
-def _progress(total: int, desc: str, quiet: bool):  # type: ignore[no-untyped-def]
+def _progress(total: int, desc: str, quiet: bool) -> Any:
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, unit="step", disable=quiet, leave=False, file=sys.stderr)

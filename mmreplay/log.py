@@ -112,7 +112,7 @@ class ChunkLog:
         Atari frames). The mapping sees the data at once: both share the page cache.
         """
         offset = npyfile.HEADER_BYTES + (slot % self.schema.rows_alloc) * self.frame_bytes
-        os.pwrite(self.obs_fd, frame, offset)
+        os.pwrite(self.obs_fd, frame.data, offset)
 
     def _open_writable(self, info: ChunkInfo) -> None:
         self._close_fd()

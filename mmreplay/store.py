@@ -17,7 +17,6 @@ import numpy as np
 
 from . import _inputs
 from .batch import Batch, assemble
-from .reader import FrameReader
 from .errors import (
     EpisodeStateError,
     NotAStoreError,
@@ -28,8 +27,9 @@ from .errors import (
     StoreLockedError,
 )
 from .index import END, LOST, START, TERMINATED, TRUNCATED
-from .log import ChunkLog, initial_positions
+from .log import ChunkLog
 from .options import Prioritized, Schema
+from .reader import FrameReader
 from .sampling import uniform
 from .storage.manifest import read_manifest, write_manifest
 
@@ -72,6 +72,11 @@ class ReplayStore:
         self._discounts = self._gammas.astype(np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
         self._obs_dtype = schema.obs_dtype
+        self._arrays: dict[str, np.ndarray] = self._log.ring.arrays
+        self._ep_open = np.zeros(schema.num_envs, np.bool_)  # per stream: an episode is open
+        self._epos = np.zeros(schema.num_envs, np.int32)  # per stream: episode position of the last row
+        self._lost = np.zeros(schema.num_envs, np.uint8)  # per stream: LOST bit of the open episode
+        self._started = False
         self._reader = FrameReader(self._log.ring.arrays["obs"], read_threads)
         self._load_stream_state()
 
@@ -426,12 +431,7 @@ class ReplayStore:
     # -- internals -------------------------------------------------------------------------------------
     def _load_stream_state(self) -> None:
         """Per-stream episode state, derived from the last committed row."""
-        n = self._schema.num_envs
         log = self._log
-        self._arrays = log.ring.arrays
-        self._ep_open = np.zeros(n, np.bool_)
-        self._epos = np.zeros(n, np.int32)
-        self._lost = np.zeros(n, np.uint8)
         self._started = log.rows > 0
         if log.rows:
             slots = log.stream_slots(log.rows - 1)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-
 from helpers import shared_data_dir
 
 GAMES = ("pong", "breakout", "seaquest", "mspacman")

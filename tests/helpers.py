@@ -6,7 +6,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-
 from model import ModelStore
 
 import mmreplay as mr

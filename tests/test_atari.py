@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from atari_data import GAMES, episodes
+from atari_data import episodes
 from helpers import FIELDS
 from model import ModelStore
 

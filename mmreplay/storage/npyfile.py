@@ -21,7 +21,8 @@ _MAGIC = b"\x93NUMPY\x01\x00"
 
 def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The 4096-byte ``.npy`` 1.0 header for a C-ordered array."""
-    d = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (np.lib.format.dtype_to_descr(dtype), shape)
+    descr = np.lib.format.dtype_to_descr(dtype)
+    d = f"{{'descr': {descr!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
     body_len = HEADER_BYTES - len(_MAGIC) - 2
     body = d.encode("latin1")
     body = body + b" " * (body_len - len(body) - 1) + b"\n"

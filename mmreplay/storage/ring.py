@@ -168,8 +168,7 @@ class ChunkRing:
         crcs = {}
         for col in self.columns:
             cb = self._chunk_bytes(col)
-            view = np.frombuffer(self._ranges[col.name]._buf, dtype=np.uint8, count=cb, offset=pos * cb)
-            crcs[col.name] = zlib.crc32(view)
+            crcs[col.name] = zlib.crc32(self._ranges[col.name].bytes_view(pos * cb, cb).data)
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+from typing import Any, cast
 
 import numpy as np
 
@@ -106,8 +107,15 @@ class VirtualRange:
     def array(self, dtype: np.dtype, shape: tuple[int, ...], writable: bool) -> np.ndarray:
         """A numpy view of the whole range as ``shape`` (whose byte size must fit in the range)."""
         count = int(np.prod(shape, dtype=np.int64))
-        arr = np.frombuffer(self._buf, dtype=dtype, count=count).reshape(shape)
+        arr = np.frombuffer(cast(Any, self._buf), dtype=dtype, count=count).reshape(shape)
         arr.flags.writeable = writable
+        return arr
+
+    def bytes_view(self, offset: int, length: int) -> np.ndarray:
+        """Read-only uint8 view of ``length`` bytes at ``offset`` (which must be mapped)."""
+        self._check(offset, length)
+        arr = np.frombuffer(cast(Any, self._buf), dtype=np.uint8, count=length, offset=offset)
+        arr.flags.writeable = False
         return arr
 
     def close(self) -> None:

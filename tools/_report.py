@@ -1,0 +1,54 @@
+"""Write a benchmark's section into BENCHMARKS.md (between markers, replacing the previous run)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import shlex
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCHMARKS = os.path.join(ROOT, "BENCHMARKS.md")
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 2**20:.0f} GiB RAM"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), {mem}, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def command() -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [os.path.relpath(sys.argv[0], ROOT)] + sys.argv[1:])
+
+
+def write_section(name: str, body: str) -> None:
+    """Replace the ``name`` section of BENCHMARKS.md (or append it) with ``body``."""
+    stamp = datetime.date.today().isoformat()
+    block = (f"<!-- {name}:begin -->\n{body.rstrip()}\n\nMeasured {stamp} on {machine()}.\n"
+             f"Command: `{command()}`\n<!-- {name}:end -->")
+    text = open(BENCHMARKS).read() if os.path.exists(BENCHMARKS) else "# Benchmarks\n"
+    pattern = re.compile(rf"<!-- {re.escape(name)}:begin -->.*?<!-- {re.escape(name)}:end -->", re.S)
+    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
+    with open(BENCHMARKS, "w") as f:
+        f.write(text)
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
