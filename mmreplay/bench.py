@@ -24,7 +24,10 @@ OBS = (84, 84)
 BATCH = 32
 
 
-def frame_pool(size: int = 2048, seed: int = 0) -> np.ndarray:
+def frame_pool(size: int = 2048, seed: int = 0, obs_shape: tuple[int, ...] = OBS) -> np.ndarray:
+    """Frames to cycle through: generated Atari-like ones, or random bytes for other shapes."""
+    if obs_shape != OBS:
+        return np.random.default_rng(seed).integers(0, 256, (size, *obs_shape), dtype=np.uint8)
     frames = []
     for ep in atari_like_episodes(10**9, seed=seed, min_len=300, max_len=300):
         frames.append(ep.frames)
@@ -107,46 +110,50 @@ def sample_rate(store: ReplayStore, seconds: float = 1.0, update: bool = False) 
     while True:
         b = store.sample(BATCH)
         if update:
-            store.update_priorities(b.index, rng.random(BATCH) + 0.01)  # type: ignore[attr-defined]
+            store.update_priorities(b.index, rng.random(BATCH) + 0.01)
         n += 1
         if n % 16 == 0 and time.perf_counter() - t0 >= seconds:
             return n / (time.perf_counter() - t0)
 
 
-def efficiency(store: ReplayStore, rounds: int = 3, seconds: float = 1.0) -> dict[str, float]:
+def efficiency(store: ReplayStore, rounds: int = 3, seconds: float = 1.0, update: bool = False) -> dict[str, float]:
     """Warm sampling efficiency: obs+next_obs bytes/s of sample(32) over memcpy bandwidth, same run.
 
     Bandwidth and sampling are measured alternately ``rounds`` times; the medians are reported.
+    With ``update``, each batch is followed by ``update_priorities`` of its 32 ids.
     """
     row_bytes = 2 * store.schema.stack * store.schema.frame_bytes
     rates, bws = [], []
     for _ in range(rounds):
         bws.append(memcpy_bandwidth())
-        rates.append(sample_rate(store, seconds))
+        rates.append(sample_rate(store, seconds, update))
     rate, bw = float(np.median(rates)), float(np.median(bws))
     return {"batches_per_s": rate, "sample_gbps": rate * BATCH * row_bytes / 1e9, "memcpy_gbps": bw / 1e9,
             "efficiency": rate * BATCH * row_bytes / bw}
 
 
 def reference_workload(capacity: int, path: str | None = None, prioritized: Prioritized | None = None,
-                       quiet: bool = True) -> dict[str, Any]:
-    """Fill a store of ``capacity`` to 1.1x capacity and measure it. Deletes what it wrote."""
+                       quiet: bool = True, obs_shape: tuple[int, ...] = OBS) -> dict[str, Any]:
+    """Fill a store of ``capacity`` to 1.1x capacity and measure it. Deletes what it wrote.
+
+    Prioritized stores are measured with ``update_priorities`` after every batch.
+    """
     scratch = path or tempfile.mkdtemp(prefix="mmreplay-bench-")
     where = os.path.join(scratch, "store")
-    pool = frame_pool()
+    pool = frame_pool(obs_shape=obs_shape)
     from tqdm import tqdm
 
     try:
-        store = ReplayStore.create(where, capacity=capacity, obs_shape=OBS, stack=4, n_step=3, gamma=0.99,
+        store = ReplayStore.create(where, capacity=capacity, obs_shape=obs_shape, stack=4, n_step=3, gamma=0.99,
                                    prioritized=prioritized)
         steps = capacity + capacity // 10
         with tqdm(total=steps, desc="append", disable=quiet, leave=False) as bar:
             append = fill(store, steps, pool, progress=bar)
-        rss_fill = rss_anon_mb()
         len(store)
+        rss_fill = rss_anon_mb()
         store.commit()
         warm(store)
-        eff = efficiency(store)
+        eff = efficiency(store, update=prioritized is not None)
         out: dict[str, Any] = {"capacity": capacity, "append_per_s": append, "rss_anon_mb": rss_fill,
                                "disk_bytes": disk_bytes(where), "sampleable": len(store), **eff}
         store.close()

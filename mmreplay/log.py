@@ -76,7 +76,7 @@ class ChunkLog:
         # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
         # ``on_resize`` with the new number of positions after the ring grew.
         self.on_cleared: SlotsCallback | None = None
-        self.on_resize: Callable[[int, list[int]], None] | None = None
+        self.on_resize: Callable[[int, list[tuple[slice, slice]]], None] | None = None
 
     # -- counters --------------------------------------------------------------------------------------
     @property
@@ -162,15 +162,18 @@ class ChunkLog:
             shutil.rmtree(self.ring.chunk_dir(info.name), ignore_errors=True)
 
     def _grow(self) -> None:
+        """More ring positions (short episodes put fewer transitions in each chunk than planned)."""
         positions = self.ring.positions + max(2, self.ring.positions // 4)
         seqs = [c.seq for c in self.chunks if c.seq in self.ring.mapped]
+        old_geo = self.index.geo
         self.ring.resize(positions)
         self.index.resize(positions, seqs)
         self.seq_of_pos = np.full(positions, -1, np.int64)
         for s in seqs:
             self.seq_of_pos[s % positions] = s
         if self.on_resize is not None:
-            self.on_resize(positions, seqs)
+            moves = [(old_geo.chunk_slots(s), self.index.geo.chunk_slots(s)) for s in seqs]
+            self.on_resize(positions * self.schema.rows_alloc, moves)
         if self.obs_fd >= 0:
             self.open_base = (self.chunks[-1].seq % positions) * self.schema.rows_alloc
 
@@ -201,7 +204,8 @@ class ChunkLog:
             self.ring.sync_chunk(self.chunks[-1].seq)
 
     def manifest_body(self) -> dict[str, Any]:
-        return {"rows": self.rows, "next_id": self.next_id, "chunks": [c.to_json() for c in self.chunks]}
+        return {"rows": self.rows, "next_id": self.next_id, "chunks": [c.to_json() for c in self.chunks],
+                "ring_positions": self.ring.positions}
 
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
@@ -232,7 +236,7 @@ class ChunkLog:
             raise CorruptStoreError(f"{mpath}: {rows} rows do not end in the last listed chunk {seqs[-1]}")
         if any(c.sealed for c in chunks[-1:]) and rows % rs:
             raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
-        positions = max(initial_positions(schema), len(chunks) + 1)
+        positions = max(initial_positions(schema), len(chunks) + 1, int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions)
         log.chunks = deque(chunks)
         log.next_id = next_id
@@ -297,7 +301,6 @@ class ChunkLog:
         idx.slot_id[slots] = ids
         live = tx.ravel()
         idx.id2slot[ids.ravel()[live] % idx.id2slot.size] = slots.ravel()[live]
-        idx.sync()
 
     def remove_strays(self) -> None:
         """Delete chunk directories the manifest does not list (a crashed run's leftovers)."""

@@ -15,9 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _inputs
+from . import _inputs, checkpoint
+from ._writing import WriterMixin
 from .batch import Batch, assemble
 from .errors import (
+    CorruptStoreError,
     EpisodeStateError,
     NotAStoreError,
     NotSampleableError,
@@ -26,11 +28,11 @@ from .errors import (
     StoreIOError,
     StoreLockedError,
 )
-from .index import END, LOST, START, TERMINATED, TRUNCATED
 from .log import ChunkLog
 from .options import Prioritized, Schema
 from .reader import FrameReader
 from .sampling import uniform
+from .sampling.prioritized import PrioritySampler
 from .storage.manifest import read_manifest, write_manifest
 
 __all__ = ["ReplayStore"]
@@ -38,7 +40,7 @@ __all__ = ["ReplayStore"]
 _LOCK = "lock"
 
 
-class ReplayStore:
+class ReplayStore(WriterMixin):
     """A disk-backed replay store. Build one with ``create``, ``open``, ``load`` (or ``from_env``).
 
     Frames live in memory-mapped chunk files under ``path``; RAM holds the
@@ -79,6 +81,15 @@ class ReplayStore:
         self._started = False
         self._reader = FrameReader(self._log.ring.arrays["obs"], read_threads)
         self._load_stream_state()
+        self._prio: PrioritySampler | None = None
+        self._skipped_updates = 0
+        if schema.prioritized is not None:
+            self._prio = PrioritySampler(schema.prioritized, self._log.index.flags.size)
+            self._log.on_cleared = self._prio.clear
+            self._log.on_resize = self._prio.relayout
+            self._restore_priorities(self._prio, manifest.get("priorities"), self._log.index.sync())
+        else:
+            self._log.index.sync()
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], capacity: int, obs_shape: Any, obs_dtype: Any = "uint8",
@@ -187,156 +198,139 @@ class ReplayStore:
         state = "closed" if self._closed else f"mode={self._mode!r}"
         return f"<ReplayStore {self._path!r} {state} capacity={self.capacity}>"
 
-    # -- writing ---------------------------------------------------------------------------------------
-    def reset(self, obs: Any) -> None:
-        """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
-
-        An episode still open is ended as truncated at its last recorded step.
-        """
-        self._check_writable()
-        frames = self._inputs.obs(obs, "obs")
-        n = self._schema.num_envs
-        log = self._log
-        if log.rows:
-            prev = log.stream_slots(log.rows - 1)
-            open_prev = prev[self._ep_open]
-            if open_prev.size:
-                log.index.mark_end(open_prev)
-        slot0 = self._prepare_row()
-        slots = slot0 + np.arange(n, dtype=np.int64) * log.rs
-        zeros = np.zeros(n, np.int64)
-        self._write(slots, frames.reshape((n,) + self._schema.obs_shape), None, None,
-                    np.full(n, START, np.uint8), None)
-        log.index.note_frames(slots, np.full(n, START, np.uint8), zeros.astype(np.int32), np.full(n, -1, np.int64))
-        log.finish_row(0)
-        self._ep_open[:] = True
-        self._epos[:] = 0
-        self._lost[:] = 0
-        self._started = True
-
-    def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-             **extras: Any) -> None:
-        """Append one transition per env: the outcome of taking ``action`` in the current state.
-
-        Unbatched (``num_envs=1``): needs an open episode (``reset()`` first; after an episode ends,
-        ``reset()`` again). Vector stores: arrays with a leading ``num_envs`` axis; an env whose episode
-        ended at its previous step is auto-reset (Gymnasium NEXT_STEP): its ``next_obs`` becomes the new
-        episode's first observation and its action, reward, flags and extras are ignored.
-        If both flags are set, ``terminated`` wins.
-        """
-        self._check_writable()
-        if self._schema.vector:
-            self._step_batched(action, reward, next_obs, terminated, truncated, extras)
-            return
-        if not self._ep_open[0]:
-            raise EpisodeStateError(
-                "step() without an open episode: call reset(obs) first" if not self._started else
-                "step() after the episode ended (terminated or truncated): call reset(obs) to start the next one")
-        inp = self._inputs
-        frame = inp.obs(next_obs)
-        act = inp.action(action)
-        rew = inp.reward(reward)
-        term = inp.flag("terminated", terminated)
-        trunc = inp.flag("truncated", truncated) and not term
-        xs = inp.extras(extras) if (extras or self._extra_names) else {}
-        log = self._log
-        slot = self._prepare_row()
-        arrays = self._arrays
-        log.write_frame(slot, frame if frame.dtype == self._obs_dtype and frame.flags.c_contiguous
-                        else np.ascontiguousarray(frame, self._obs_dtype))
-        arrays["action"][slot] = act
-        arrays["reward"][slot] = rew
-        f = TERMINATED if term else (TRUNCATED if trunc else 0)
-        arrays["flags"][slot] = f
-        for name, value in xs.items():
-            arrays["x_" + name][slot] = value
-        idx = log.index
-        nid = log.next_id
-        epos = int(self._epos[0]) + 1
-        idx.flags[slot] = f | (END if f else 0) | int(self._lost[0])
-        idx.epos[slot] = epos
-        idx.slot_id[slot] = nid
-        idx.id2slot[nid % idx.id2slot.size] = slot
-        log.finish_row(1)
-        self._epos[0] = epos
-        if f:
-            self._ep_open[0] = False
-
-    def _step_batched(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
-                      extras: dict[str, Any]) -> None:
-        if not self._started:
-            raise EpisodeStateError("step() before reset(): call reset(obs) with the first observations")
-        inp = self._inputs
-        frames = inp.obs(next_obs)
-        act = inp.action(action)
-        auto = ~self._ep_open
-        rew = np.asarray(inp.reward(reward))
-        term = np.asarray(inp.flag("terminated", terminated)) & ~auto
-        trunc = np.asarray(inp.flag("truncated", truncated)) & ~term & ~auto
-        bad = np.flatnonzero(~np.isfinite(rew) & ~auto)
-        if bad.size:
-            raise ValueError(f"reward: expected finite numbers, got {rew[bad[0]]} for env {bad[0]}")
-        xs = inp.extras(extras)
-        log = self._log
-        n = self._schema.num_envs
-        slot0 = self._prepare_row()
-        slots = slot0 + np.arange(n, dtype=np.int64) * log.rs
-        flags = np.where(auto, START, np.where(term, TERMINATED, np.where(trunc, TRUNCATED, 0))).astype(np.uint8)
-        tx = ~auto
-        self._write(slots, frames, act, rew, flags, xs, keep=tx)
-        ids = np.where(tx, log.next_id + np.cumsum(tx) - 1, -1).astype(np.int64)
-        epos = np.where(auto, 0, self._epos + 1).astype(np.int32)
-        lost = np.where(auto, 0, self._lost).astype(np.uint8)
-        ended = term | trunc
-        log.index.note_frames(slots, flags | np.where(ended, END, 0).astype(np.uint8) | lost, epos, ids)
-        log.finish_row(int(tx.sum()))
-        self._epos[:] = epos
-        self._lost[:] = lost
-        self._ep_open[:] = ~ended
-
-    def _write(self, slots: np.ndarray, frames: np.ndarray, act: np.ndarray | None, rew: np.ndarray | None,
-               flags: np.ndarray, xs: dict[str, np.ndarray] | None, keep: np.ndarray | None = None) -> None:
-        """Write one row of every stream; columns of rows not in ``keep`` (START frames) are zeroed."""
-        a = self._arrays
-        frames = np.ascontiguousarray(frames, self._obs_dtype)
-        for i, slot in enumerate(slots.tolist()):
-            self._log.write_frame(slot, frames[i])
-        a["flags"][slots] = flags
-        if keep is None or not keep.all():
-            a["action"][slots] = 0
-            a["reward"][slots] = 0
-            for name in self._extra_names:
-                a["x_" + name][slots] = 0
-        if act is not None and keep is not None and keep.any():
-            a["action"][slots[keep]] = act[keep]
-            a["reward"][slots[keep]] = rew[keep] if rew is not None else 0
-            for name, value in (xs or {}).items():
-                a["x_" + name][slots[keep]] = value[keep]
-
-    def _prepare_row(self) -> int:
-        try:
-            return self._log.prepare_row()
-        except OSError as exc:
-            raise self._fail(exc, "opening a new chunk") from exc
-        finally:
-            if self._arrays is not self._log.ring.arrays:  # the ring grew: new views
-                self._arrays = self._log.ring.arrays
-                self._reader.frames = self._arrays["obs"]
-
     # -- reading ---------------------------------------------------------------------------------------
-    def sample(self, batch_size: int, replace: bool = True) -> Batch:
-        """A batch drawn uniformly (seeded) from the sampleable transitions.
+    def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
+        """A batch drawn (seeded) from the sampleable transitions.
 
-        ``replace=False`` gives distinct transitions. Raises ``NotSampleableError`` (a ``ValueError``)
-        when nothing is sampleable, or fewer than ``batch_size`` transitions with ``replace=False``.
+        Uniform stores draw uniformly; ``replace=False`` gives distinct transitions. Prioritized stores
+        draw proportionally to ``(p + eps) ** alpha`` with stratification (always with replacement) and
+        set ``batch.weight`` to the normalised importance weights for ``beta`` (default ``store.beta``).
+        Raises ``NotSampleableError`` (a ``ValueError``) when nothing is sampleable, or fewer than
+        ``batch_size`` transitions with ``replace=False``.
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
         log = self._log
+        if self._prio is not None:
+            if not replace:
+                raise ValueError("sample(replace=False) is for uniform stores: prioritized sampling is stratified"
+                                 " and with replacement; use iter_batches() for an epoch without repeats")
+            use_beta = self._prio.beta if beta is None else _check_beta(beta)
+            if log.index.n_valid == 0:
+                uniform.draw(self._rng, 0, 0, 0, self._valid_in_range, self._valid_ids, b, True)  # raises
+            slots, weight = self._prio.sample(self._rng, b, use_beta)
+            return self._assemble(slots, log.index.slot_id[slots], weight)
+        if beta is not None:
+            raise ValueError("beta= is for prioritized stores; this store samples uniformly")
         ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._valid_in_range,
                            self._valid_ids, b, bool(replace))
         return self._assemble(self._slots_of(ids), ids)
+
+    # -- priorities ------------------------------------------------------------------------------------
+    def update_priorities(self, index: Any, priorities: Any) -> int:
+        """Set the raw priorities ``p`` of transitions (e.g. ``batch.index`` and new |TD errors|).
+
+        Vectorized; if an id repeats, its last priority wins. Ids evicted since they were sampled,
+        or not sampleable (yet), are skipped and counted in ``priority_updates_skipped`` (an
+        asynchronous learner races the writer). Returns how many were skipped.
+        Raises ``ValueError`` for NaN, inf or negative priorities and length mismatches, naming the
+        first bad position, and ``NotSampleableError`` for ids never issued; nothing changes then.
+        """
+        self._check_writable()
+        prio = self._require_prio("update_priorities")
+        ids = _inputs.ids_array(index)
+        p = np.asarray(priorities)
+        if p.shape != ids.shape:
+            raise ValueError(f"priorities: expected shape {ids.shape} (one per index), got {p.shape}")
+        if p.size and p.dtype.kind not in "biuf":
+            raise TypeError(f"priorities: expected real numbers, got dtype {p.dtype}")
+        p = p.astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
+        if bad.size:
+            raise ValueError(f"priorities[{bad[0]}] = {p[bad[0]]}: priorities must be finite and >= 0")
+        never = np.flatnonzero((ids >= self._log.next_id) | (ids < 0))
+        if never.size:
+            raise NotSampleableError(f"index[{never[0]}] = {ids[never[0]]} was never issued (next id is"
+                                     f" {self._log.next_id})")
+        self._sync()  # transitions whose window closed before this update enter with the old maximum
+        ok = self._ids_valid(ids)
+        skipped = int(ids.size - np.count_nonzero(ok))
+        self._skipped_updates += skipped
+        ids, p = ids[ok], p[ok]
+        if len(set(ids.tolist())) < ids.size:  # repeated ids: the last occurrence wins
+            _, last = np.unique(ids[::-1], return_index=True)
+            keep = ids.size - 1 - last
+            ids, p = ids[keep], p[keep]
+        prio.update(self._slots_of(ids), p)
+        return skipped
+
+    def priorities(self, index: Any) -> np.ndarray:
+        """The raw priorities last set (float64) for sampleable ids; raises like ``gather`` otherwise."""
+        self._check_open()
+        prio = self._require_prio("priorities")
+        ids = _inputs.ids_array(index)
+        self._sync()
+        self._check_ids(ids)
+        return prio.raw[self._slots_of(ids)].copy()
+
+    @property
+    def beta(self) -> float:
+        """Importance-weight exponent used by ``sample`` (prioritized stores). Assign to anneal it:
+        ``store.beta = min(1.0, 0.4 + 0.6 * step / total_steps)``; ``commit()`` saves the value."""
+        return self._require_prio("beta").beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._require_prio("beta").beta = _check_beta(value)
+
+    @property
+    def max_priority(self) -> float:
+        """The largest raw priority ever given (1.0 at first): what new transitions enter with."""
+        return self._require_prio("max_priority").max_priority
+
+    @property
+    def priority_updates_skipped(self) -> int:
+        """How many ids ``update_priorities`` skipped (evicted or not sampleable) since the store was created."""
+        return self._skipped_updates
+
+    def _require_prio(self, what: str) -> PrioritySampler:
+        if self._prio is None:
+            raise ValueError(f"{what} is for prioritized stores; create the store with"
+                             " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
+        return self._prio
+
+    def _priorities_state(self, generation: int) -> dict[str, Any] | None:
+        """Write the raw priorities and tree masses of every retained id; return the manifest entry."""
+        if self._prio is None:
+            return None
+        log = self._log
+        ids = np.arange(log.oldest_id, log.next_id, dtype=np.int64)
+        table = np.full((2, ids.size), np.nan)
+        slots = self._slots_of(ids)
+        ok = log.index.valid[slots]
+        table[0, ok] = self._prio.raw[slots[ok]]
+        table[1, ok] = self._prio.tree.get(slots[ok])
+        rel = checkpoint.write_array(self._path, "priorities", generation, table)
+        return {"file": rel, "first_id": int(log.oldest_id), "max_priority": self._prio.max_priority,
+                "beta": self._prio.beta, "skipped_updates": self._skipped_updates}
+
+    def _restore_priorities(self, prio: PrioritySampler, state: dict[str, Any] | None,
+                            valid_slots: np.ndarray) -> None:
+        if state is None:  # a store committed before anything was sampleable
+            prio.add(valid_slots)
+            return
+        log = self._log
+        n = log.next_id - int(state["first_id"])
+        table = checkpoint.read_array(self._path, state["file"], np.dtype(np.float64), (2, n))
+        pos = log.index.slot_id[valid_slots] - int(state["first_id"])
+        raw, mass = table[0, pos], table[1, pos]
+        if np.isnan(raw).any():
+            raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: no priority for sampleable"
+                                    f" transition {int(log.index.slot_id[valid_slots[np.isnan(raw)][0]])}")
+        prio.restore(valid_slots, raw, mass, float(state["max_priority"]))
+        prio.beta = float(state["beta"])
+        self._skipped_updates = int(state["skipped_updates"])
 
     def gather(self, index: Any) -> Batch:
         """The rows of the given transition ids (e.g. ``batch.index``), exactly as ``sample`` returns them.
@@ -398,13 +392,16 @@ class ReplayStore:
             self._log.sync_open_chunk()
             gen = self._generation + 1
             now = time.time()
+            self._sync()  # the state written includes every transition whose window has closed
+            prio_state = self._priorities_state(gen)
             body = {"generation": gen, "committed_at": now, "schema": self._schema.to_json(),
-                    "rng": self._rng.bit_generator.state, **self._log.manifest_body()}
+                    "rng": self._rng.bit_generator.state, "priorities": prio_state, **self._log.manifest_body()}
             write_manifest(self._path, body)
         except OSError as exc:
             raise self._fail(exc, "committing") from exc
         self._generation, self._committed_at = gen, now
         self._log.after_commit()
+        checkpoint.remove_unreferenced(self._path, {prio_state["file"]} if prio_state else set())
 
     def close(self) -> None:
         """Commit (writable stores) and release files and the lock. Safe to call twice."""
@@ -429,19 +426,10 @@ class ReplayStore:
         self.close()
 
     # -- internals -------------------------------------------------------------------------------------
-    def _load_stream_state(self) -> None:
-        """Per-stream episode state, derived from the last committed row."""
-        log = self._log
-        self._started = log.rows > 0
-        if log.rows:
-            slots = log.stream_slots(log.rows - 1)
-            f = log.index.flags[slots]
-            self._ep_open[:] = (f & END) == 0
-            self._epos[:] = log.index.epos[slots]
-            self._lost[:] = f & LOST
-
     def _sync(self) -> None:
-        self._log.index.sync()
+        new = self._log.index.sync()
+        if self._prio is not None and new.size:
+            self._prio.add(new)
 
     def _slots_of(self, ids: np.ndarray) -> np.ndarray:
         idx = self._log.index
@@ -513,3 +501,10 @@ def _take_lock(path: str) -> int:
             f"{path} is already open for writing by another process (or another ReplayStore in this one);"
             " close it first, or open with mode='r' to read") from None
     return fd
+
+
+def _check_beta(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+            np.isfinite(value) and value >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {value!r}")
+    return float(value)

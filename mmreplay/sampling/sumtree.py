@@ -223,7 +223,14 @@ class SumTree:
             return
         if idx.shape[0] > 1:
             idx, values = _keep_last(idx, values)
+        self.set_distinct(idx, values)
 
+    def set_distinct(self, idx: np.ndarray, values: np.ndarray | float) -> None:
+        """``set`` without validation, for callers that already guarantee its preconditions:
+        ``idx`` a 1-D int64 array of distinct in-range indices (owned by the tree afterwards),
+        ``values`` finite float64 masses >= 0 (one per index, or a scalar)."""
+        if np.ndim(values) == 0:
+            values = np.full(idx.shape[0], values, np.float64)
         leaves = self._values[0]
         self._count += int(np.count_nonzero(values)) - int(np.count_nonzero(leaves[idx]))
         leaves[idx] = values
