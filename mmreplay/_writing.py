@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import EpisodeStateError, StoreIOError
-from .index import END, LOST, START, TERMINATED, TRUNCATED
+from .index import END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED
 
 if TYPE_CHECKING:
     from ._inputs import Inputs
@@ -92,6 +92,10 @@ class WriterMixin:
         term = inp.flag("terminated", terminated)
         trunc = inp.flag("truncated", truncated) and not term
         xs = inp.extras(extras) if (extras or self._extra_names) else {}
+        self._append_step(frame, act, rew, TERMINATED if term else (TRUNCATED if trunc else 0), xs)
+
+    def _append_step(self, frame: np.ndarray, act: Any, rew: Any, f: int, xs: dict[str, np.ndarray]) -> None:
+        """Write one validated transition of the unbatched stream (``f``: its disk flag bits)."""
         log = self._log
         slot = self._prepare_row()
         arrays = self._arrays
@@ -99,21 +103,49 @@ class WriterMixin:
                         else np.ascontiguousarray(frame, self._obs_dtype))
         arrays["action"][slot] = act
         arrays["reward"][slot] = rew
-        f = TERMINATED if term else (TRUNCATED if trunc else 0)
         arrays["flags"][slot] = f
         for name, value in xs.items():
             arrays["x_" + name][slot] = value
         idx = log.index
         nid = log.next_id
         epos = int(self._epos[0]) + 1
-        idx.flags[slot] = f | (END if f else 0) | int(self._lost[0])
+        ends = f & (TERMINATED | TRUNCATED)
+        idx.flags[slot] = f | (END if ends else 0) | int(self._lost[0])
         idx.epos[slot] = epos
         idx.slot_id[slot] = nid
         idx.id2slot[nid % idx.id2slot.size] = slot
         log.finish_row(1)
         self._epos[0] = epos
-        if f:
+        if ends:
             self._ep_open[0] = False
+
+    # -- importers -------------------------------------------------------------------------------------
+    def _import_reset(self, obs: Any, head_lost: bool = False) -> None:
+        """``reset`` for importers (unbatched stores): ``head_lost`` marks an episode whose first frames the
+        source no longer had (e.g. the oldest episode of a wrapped ring); only its rows with a full
+        stack history become sampleable."""
+        self.reset(obs)
+        if head_lost:
+            slot = int(self._log.stream_slots(self._log.rows - 1)[0])
+            self._arrays["flags"][slot] = START | HEAD_LOST
+            self._log.index.flags[slot] |= HEAD_LOST | LOST
+            self._lost[0] = LOST
+
+    def _import_final_missing(self, action: Any, reward: Any, terminated: bool, truncated: bool,
+                              **extras: Any) -> None:
+        """The last step of an episode whose final observation the source lacks (Dopamine never stores
+        the terminal frame; D4RL without next_observations). The frame is stored as zeros and flagged
+        MISSING: terminated rows get a zero ``next_obs``; rows that would bootstrap from it are never
+        sampleable."""
+        self._check_writable()
+        if self._schema.vector or not self._ep_open[0]:
+            raise EpisodeStateError("_import_final_missing needs an unbatched store with an open episode")
+        inp = self._inputs
+        inp.flag("truncated", truncated)  # validated; the episode ends here as truncated unless terminated
+        f = MISSING | (TERMINATED if inp.flag("terminated", terminated) else TRUNCATED)
+        zero = np.zeros(self._schema.obs_shape, self._obs_dtype)
+        self._append_step(zero, inp.action(action), inp.reward(reward), f,
+                          inp.extras(extras) if (extras or self._extra_names) else {})
 
     def _step_batched(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
                       extras: dict[str, Any]) -> None:

@@ -77,6 +77,8 @@ class ChunkLog:
         # ``on_resize`` with the new number of positions after the ring grew.
         self.on_cleared: SlotsCallback | None = None
         self.on_resize: Callable[[int, list[tuple[slice, slice]]], None] | None = None
+        # Called before any chunk is unmapped or remapped: background readers must finish first.
+        self.before_unmap: Callable[[], None] | None = None
 
     # -- counters --------------------------------------------------------------------------------------
     @property
@@ -135,6 +137,8 @@ class ChunkLog:
             self.ring.protect_chunk(sealing.seq)
             sealing.sealed = True
         self.chunks.append(ChunkInfo(seq, chunk_dirname(seq), self.next_id, 0))
+        if self.before_unmap is not None:
+            self.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
         while len(self.chunks) > 1 and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
             self._retire_oldest()

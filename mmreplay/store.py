@@ -8,9 +8,12 @@ rules (reset/step, vector autoreset), sampling, and the commit protocol.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import time
+import weakref
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ import numpy as np
 from . import _inputs, checkpoint
 from ._writing import WriterMixin
 from .batch import Batch, assemble
+from .episodes import EpisodeSteps, EpisodeTable, episode_table, step_flags
 from .errors import (
     CorruptStoreError,
     EpisodeStateError,
@@ -30,6 +34,7 @@ from .errors import (
 )
 from .log import ChunkLog
 from .options import Prioritized, Schema
+from .prefetch import BatchIterator, Draw
 from .reader import FrameReader
 from .sampling import uniform
 from .sampling.prioritized import PrioritySampler
@@ -60,6 +65,8 @@ class ReplayStore(WriterMixin):
         self._closed = False
         self._failed: BaseException | None = None
         self._generation = int(manifest.get("generation", 0))
+        self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
+        """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._committed_at = float(manifest.get("committed_at", 0.0))
         self._log = ChunkLog.from_manifest(path, schema, manifest, writable=mode == "r+")
         if mode == "r+":
@@ -81,6 +88,11 @@ class ReplayStore(WriterMixin):
         self._started = False
         self._reader = FrameReader(self._log.ring.arrays["obs"], read_threads)
         self._load_stream_state()
+        self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
+        self._prefetch_pool: ThreadPoolExecutor | None = None
+        self._draws = 0  # draws made by this object (orders the pending draws of several iterators)
+        self._resume_draws, self._resume_rng = _pending_from_manifest(manifest) if seed is None else ([], {})
+        self._log.before_unmap = self._drain
         self._prio: PrioritySampler | None = None
         self._skipped_updates = 0
         if schema.prioritized is not None:
@@ -97,12 +109,13 @@ class ReplayStore(WriterMixin):
                action_dtype: Any = "int64", extras: dict[str, Any] | None = None, num_envs: int = 1,
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
-               read_threads: int | None = None) -> ReplayStore:
+               read_threads: int | None = None, metadata: dict[str, Any] | None = None) -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
-        frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``.
+        frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
+        any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
@@ -121,8 +134,10 @@ class ReplayStore(WriterMixin):
                     " or give a new directory")
         os.makedirs(os.path.join(path, "chunks"), exist_ok=True)
         os.makedirs(os.path.join(path, "state"), exist_ok=True)
+        meta = _json_dict(metadata)
         body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
-                "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state}
+                "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state,
+                "metadata": meta}
         write_manifest(path, body)
         return cls.open(path, mode="r+", read_threads=read_threads)
 
@@ -151,6 +166,17 @@ class ReplayStore(WriterMixin):
             if lock_fd is not None:
                 os.close(lock_fd)
             raise
+
+    @classmethod
+    def from_env(cls, env: Any, path: str | os.PathLike[str], capacity: int, **kwargs: Any) -> ReplayStore:
+        """Create a store shaped for a Gymnasium env or vector env (obs/action spaces, ``num_envs``).
+
+        Other keyword arguments are those of ``create`` (``stack``, ``n_step``, ...). Needs gymnasium
+        (``pip install mmreplay[gym]``). See ``mmreplay.gym``.
+        """
+        from .gym import store_from_env
+
+        return store_from_env(env, path, capacity=capacity, **kwargs)
 
     # -- properties ------------------------------------------------------------------------------------
     @property
@@ -209,9 +235,43 @@ class ReplayStore(WriterMixin):
         ``batch_size`` transitions with ``replace=False``.
         """
         self._check_open()
+        d = self._draw(_inputs.batch_size_arg(batch_size), bool(replace), beta)
+        return self._assemble(self._slots_of(d.ids), d.ids, d.weight)
+
+    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator:
+        """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
+
+        Batch ``i + prefetch`` is drawn when batch ``i`` is handed out, so a priority update made after
+        receiving batch ``i`` first affects batch ``i + prefetch + 1``; without updates the batches are
+        exactly those of repeated ``sample()`` calls. ``commit()``/``save()`` record the state as of the
+        last batch handed out; after ``open()``/``load()`` the first ``batches()`` iterator hands out the
+        batches that had been drawn but not handed out, then continues as the saved run would have.
+        """
+        self._check_open()
         b = _inputs.batch_size_arg(batch_size)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
+        if beta is not None:
+            self._require_prio("beta=")
+            beta = _check_beta(beta)
+        pending: list[Draw] = []
+        if self._resume_draws and all(d.ids.size == b for d in self._resume_draws):
+            pending = self._resume_draws  # hand out what the committed run had drawn, then go on from there
+            self._rng.bit_generator.state = self._resume_rng
+        self._resume_draws = []
+        if self._prefetch_pool is None:
+            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
+        it = BatchIterator(lambda: self._draw(b, True, beta), self._assemble_draw, self._prefetch_pool,
+                           int(prefetch), pending)
+        self._iterators.add(it)
+        return it
+
+    def _draw(self, b: int, replace: bool, beta: float | None) -> Draw:
+        """Choose a batch's ids (and weights): the only consumer of the sampling RNG."""
         self._sync()
         log = self._log
+        before = dict(self._rng.bit_generator.state)
+        self._draws += 1
         if self._prio is not None:
             if not replace:
                 raise ValueError("sample(replace=False) is for uniform stores: prioritized sampling is stratified"
@@ -220,12 +280,36 @@ class ReplayStore(WriterMixin):
             if log.index.n_valid == 0:
                 uniform.draw(self._rng, 0, 0, 0, self._valid_in_range, self._valid_ids, b, True)  # raises
             slots, weight = self._prio.sample(self._rng, b, use_beta)
-            return self._assemble(slots, log.index.slot_id[slots], weight)
+            return Draw(log.index.slot_id[slots], weight, before, self._draws)
         if beta is not None:
             raise ValueError("beta= is for prioritized stores; this store samples uniformly")
         ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._valid_in_range,
-                           self._valid_ids, b, bool(replace))
-        return self._assemble(self._slots_of(ids), ids)
+                           self._valid_ids, b, replace)
+        return Draw(ids, None, before, self._draws)
+
+    def _assemble_draw(self, d: Draw) -> Batch:
+        """Build a drawn batch (in the prefetch thread). Its rows are valid: chunks are never unmapped
+        while a copy is in flight (see ``_drain``)."""
+        return self._assemble(self._slots_of(d.ids), d.ids.copy(), d.weight)
+
+    def _sampling_state(self) -> dict[str, Any]:
+        """The RNG as of the last batch handed out, plus batches drawn by live iterators but not handed
+        out (with the RNG state after them), so a resumed ``batches()`` hands out the same batches."""
+        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        if not pending:
+            return {"rng": self._rng.bit_generator.state, "pending_draws": None}
+        if not self._ids_valid(np.concatenate([d.ids for d in pending])).all():
+            # Rows drawn before a retirement evicted them cannot be handed out again after a resume:
+            # record the rule's state only (the resumed run re-draws from the last batch handed out).
+            return {"rng": pending[0].rng_before, "pending_draws": None}
+        return {"rng": pending[0].rng_before, "pending_draws": {
+            "rng_after": self._rng.bit_generator.state,
+            "ids": [d.ids.tolist() for d in pending],
+            "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}}
+
+    def _drain(self) -> None:
+        for it in list(self._iterators):
+            it.drain()
 
     # -- priorities ------------------------------------------------------------------------------------
     def update_priorities(self, index: Any, priorities: Any) -> int:
@@ -384,6 +468,49 @@ class ReplayStore(WriterMixin):
         frames[pad] = 0
         return frames if self._schema.vector else frames[0]
 
+    # -- episodes --------------------------------------------------------------------------------------
+    def episodes(self) -> EpisodeTable:
+        """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
+        the ones whose first observation is retained and that have ended."""
+        self._check_open()
+        log = self._log
+        return episode_table(log.index.flags, self._arrays["reward"], log.index.slot_id, log.index.geo.slots,
+                             self._schema.num_envs, log.index.oldest_row, log.rows)
+
+    def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Observations ``start .. stop-1`` of episode ``i`` of ``table`` (positions 0..length; a copy).
+
+        A missing final observation reads as zeros (``table.final_missing``)."""
+        self._check_open()
+        n = int(table.length[i]) + 1
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
+        rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
+        self._check_rows_retained(rows)
+        return self._arrays["obs"][self._log.index.geo.slots(int(table.stream[i]), rows)]
+
+    def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
+        """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
+        self._check_open()
+        n = int(table.length[i])
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"steps [{start}, {stop}) out of range for an episode of {n} steps")
+        rows = int(table.first_row[i]) + 1 + np.arange(start, stop, dtype=np.int64)
+        self._check_rows_retained(rows)
+        slots = self._log.index.geo.slots(int(table.stream[i]), rows)
+        a = self._arrays
+        term, trunc = step_flags(a["flags"][slots], bool(table.ended[i]) and stop == n, bool(table.terminated[i]))
+        return EpisodeSteps(a["action"][slots], a["reward"][slots], term, trunc,
+                            {name: a["x_" + name][slots] for name in self._extra_names})
+
+    def _check_rows_retained(self, rows: np.ndarray) -> None:
+        log = self._log
+        if rows.size and (rows[0] < log.index.oldest_row or rows[-1] >= log.rows):
+            raise NotSampleableError(f"rows {rows[0]}..{rows[-1]} are not retained (the store holds rows"
+                                     f" {log.index.oldest_row}..{log.rows - 1}); take a fresh episodes() table")
+
     # -- durability ------------------------------------------------------------------------------------
     def commit(self) -> None:
         """Make the current state the durable resume point (in place). O(open chunk + in-RAM state)."""
@@ -395,7 +522,8 @@ class ReplayStore(WriterMixin):
             self._sync()  # the state written includes every transition whose window has closed
             prio_state = self._priorities_state(gen)
             body = {"generation": gen, "committed_at": now, "schema": self._schema.to_json(),
-                    "rng": self._rng.bit_generator.state, "priorities": prio_state, **self._log.manifest_body()}
+                    "metadata": _json_dict(self.metadata), "priorities": prio_state, **self._sampling_state(),
+                    **self._log.manifest_body()}
             write_manifest(self._path, body)
         except OSError as exc:
             raise self._fail(exc, "committing") from exc
@@ -412,6 +540,10 @@ class ReplayStore(WriterMixin):
                 self.commit()
         finally:
             self._closed = True
+            for it in list(self._iterators):
+                it.close()
+            if self._prefetch_pool is not None:
+                self._prefetch_pool.shutdown()
             self._reader.close()
             self._log.close()
             self._arrays = {}
@@ -508,3 +640,24 @@ def _check_beta(value: Any) -> float:
             np.isfinite(value) and value >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
+    state = manifest.get("pending_draws")
+    if not state:
+        return [], {}
+    weights = state["weights"] or [None] * len(state["ids"])
+    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), {}, i)
+             for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
+    return draws, state["rng_after"]
+
+
+def _json_dict(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"metadata must be a dict, got {type(value).__name__}")
+    try:
+        return dict(json.loads(json.dumps(value)))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata must be JSON-serializable: {exc}") from None

@@ -1,0 +1,10 @@
+"""Pictures of a store (``show``, ``stats``): registered here."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """No picture commands yet."""
