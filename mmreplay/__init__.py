@@ -19,7 +19,9 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized
+from .snapshot import prune_snapshots
 from .store import ReplayStore
+from .verify import verify_store
 
 __version__ = "0.1.0"
 
@@ -34,6 +36,8 @@ __all__ = [
     "Prioritized",
     "ReadOnlyStoreError",
     "ReplayStore",
+    "prune_snapshots",
+    "verify_store",
     "StoreClosedError",
     "StoreIOError",
     "StoreLockedError",

@@ -1,29 +1,68 @@
-"""Store commands: ``info``, ``bench`` (and ``verify`` once integrity checks exist)."""
+"""Store commands: ``info``, ``verify``, ``bench``."""
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
+import os
 from typing import Any
 
 from .bench import disk_bytes
 from .cli import out
+from .errors import NotAStoreError
+from .storage.manifest import read_manifest
 from .store import ReplayStore
+from .verify import verify_store
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    with ReplayStore.open(args.path, mode="r") as s:
+    try:
+        s = ReplayStore.open(args.path, mode="r")
+    except NotAStoreError:
+        from .datasets import describe  # a dataset (zarr, HDF5, Minari, DQN replay) rather than a store
+
+        for line in describe(args.path):
+            out(line)
+        return 0
+    with s:
         sch = s.schema
         lo, hi = s.id_range
-        out(f"store       {s.path}")
+        doc = read_manifest(args.path)
+        kind = "snapshot" if "snapshot_of" in doc else "store"
+        out(f"{kind:11s} {os.path.abspath(s.path)}")
         out(f"obs         {sch.obs_shape} {sch.obs_dtype}, stack {sch.stack}, pad {sch.pad!r}")
         out(f"action      {sch.action_shape} {sch.action_dtype}")
         out(f"n-step      {sch.n_step}, gamma {sch.gamma}")
         out(f"extras      {', '.join(f'{e.name} {e.shape} {e.dtype}' for e in sch.extras) or '-'}")
         out(f"envs        {sch.num_envs}")
-        out(f"capacity    {sch.capacity} transitions, chunk {sch.chunk_size} slots")
-        out(f"ids         {lo}..{hi - 1} retained ({hi - lo}), {len(s)} sampleable")
+        out(f"prioritized {'-' if sch.prioritized is None else sch.prioritized.to_json()}")
+        out(f"capacity    {sch.capacity:,} transitions; chunks of {sch.chunk_size:,} slots,"
+            f" {len(doc['chunks'])} retained")
+        out(f"ids         {lo:,}..{hi - 1:,} retained ({hi - lo:,}), {len(s):,} sampleable")
+        tab = s.episodes()
+        out(f"episodes    {len(tab):,} ({int(tab.complete.sum()):,} complete)")
         out(f"disk        {disk_bytes(s.path) / 2**20:,.1f} MiB")
-        out(f"generation  {s.generation}")
+        when = datetime.datetime.fromtimestamp(float(doc.get("committed_at", 0))).isoformat(timespec="seconds")
+        out(f"commit      generation {doc.get('generation')} at {when}")
+        if s.metadata:
+            out(f"metadata    {json.dumps(s.metadata, sort_keys=True)}")
+        if "snapshot_of" in doc:
+            out(f"saved from  {doc['snapshot_of']['path']} (its commit {doc['snapshot_of']['store_generation']})")
+        for snap in doc.get("snapshots") or []:
+            state = "present" if os.path.exists(os.path.join(snap["path"], "manifest.json")) else "gone"
+            out(f"snapshot    {snap['path']} (generation {snap['generation']}, {state})")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    problems = verify_store(args.path)
+    for p in problems:
+        out(f"PROBLEM  {p}")
+    if problems:
+        out(f"{args.path}: {len(problems)} problem(s) found")
+        return 1
+    out(f"{args.path}: ok (manifest, every chunk file's size and checksum, transition counts, state files)")
     return 0
 
 
@@ -40,6 +79,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     i = sub.add_parser("info", parents=[common], help="schema, counters and size of a store")
     i.add_argument("path")
     i.set_defaults(func=cmd_info)
+    v = sub.add_parser("verify", parents=[common], help="check every file of a store or snapshot; exit 1 on problems")
+    v.add_argument("path")
+    v.set_defaults(func=cmd_verify)
     b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity")
     b.add_argument("--capacity", type=int, default=20_000)
     b.add_argument("--path", help="scratch directory (default: a temporary directory, removed afterwards)")

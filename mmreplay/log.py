@@ -128,29 +128,33 @@ class ChunkLog:
         self.open_base = -1
 
     def _roll(self, seq: int) -> None:
-        """Seal the full open chunk, retire what capacity allows, open chunk ``seq``."""
+        """Retire what capacity allows, open chunk ``seq``, seal the full one before it.
+
+        Ordered so that a failure (a full disk when creating the new chunk's files) leaves a
+        consistent log: the full chunk stays the open one and no half-made chunk is listed.
+        """
         self.wait_sealed()
-        sealing = None
-        if self.chunks and not self.chunks[-1].sealed:
-            sealing = self.chunks[-1]
-            self._close_fd()
-            self.ring.protect_chunk(sealing.seq)
-            sealing.sealed = True
-        self.chunks.append(ChunkInfo(seq, chunk_dirname(seq), self.next_id, 0))
         if self.before_unmap is not None:
             self.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
-        while len(self.chunks) > 1 and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
+        # The new chunk (no transitions yet) counts as newer than every retained one.
+        while self.chunks and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
             self._retire_oldest()
-        if len(self.chunks) > self.ring.positions:
+        if len(self.chunks) + 1 > self.ring.positions:
             self._grow()
         self.ring.create_chunk(seq)
+        full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
+        if full is not None:
+            self._close_fd()
+            self.ring.protect_chunk(full.seq)
+            full.sealed = True
+        self.chunks.append(ChunkInfo(seq, chunk_dirname(seq), self.next_id, 0))
         self.seq_of_pos[seq % self.ring.positions] = seq
         self._open_writable(self.chunks[-1])
-        if sealing is not None and sealing.seq in self.ring.mapped:
+        if full is not None:
             # fsync + checksum of the full chunk run beside the writer (both release the GIL);
             # whatever needs the result or unmaps chunks (commit, the next roll, close) waits first.
-            self._sealing = (sealing, self._sealer().submit(self.ring.finish_seal, sealing.seq))
+            self._sealing = (full, self._sealer().submit(self.ring.finish_seal, full.seq))
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()
@@ -242,6 +246,15 @@ class ChunkLog:
             raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
         positions = max(initial_positions(schema), len(chunks) + 1, int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions)
+        try:
+            log._load(chunks, rows, next_id, writable)
+        except BaseException:
+            log.close()
+            raise
+        return log
+
+    def _load(self, chunks: list[ChunkInfo], rows: int, next_id: int, writable: bool) -> None:
+        log, positions = self, self.ring.positions
         log.chunks = deque(chunks)
         log.next_id = next_id
         log.retained_tx = sum(c.n_tx for c in chunks)
@@ -254,7 +267,6 @@ class ChunkLog:
         log._rebuild_index()
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
-        return log
 
     def _private_open_chunk(self, info: ChunkInfo) -> None:
         """Give the open chunk's files a fresh inode if anything else may share them (a snapshot's hard

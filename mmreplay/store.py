@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _inputs, checkpoint
+from . import _inputs, checkpoint, snapshot
 from ._writing import WriterMixin
 from .batch import Batch, assemble
 from .episodes import EpisodeSteps, EpisodeTable, episode_table, step_flags
@@ -64,44 +64,54 @@ class ReplayStore(WriterMixin):
         self._lock_fd = lock_fd
         self._closed = False
         self._failed: BaseException | None = None
-        self._generation = int(manifest.get("generation", 0))
-        self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
-        """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
-        self._committed_at = float(manifest.get("committed_at", 0.0))
-        self._log = ChunkLog.from_manifest(path, schema, manifest, writable=mode == "r+")
-        if mode == "r+":
-            self._log.remove_strays()
         self._inputs = _inputs.Inputs(schema)
-        self._rng = np.random.default_rng()
-        if seed is not None:
-            self._rng = np.random.default_rng(seed)
-        else:
+        self._rng = np.random.default_rng(seed)
+        if seed is None:
             self._rng.bit_generator.state = manifest["rng"]
         self._gammas = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float64)
         self._discounts = self._gammas.astype(np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
         self._obs_dtype = schema.obs_dtype
-        self._arrays: dict[str, np.ndarray] = self._log.ring.arrays
         self._ep_open = np.zeros(schema.num_envs, np.bool_)  # per stream: an episode is open
         self._epos = np.zeros(schema.num_envs, np.int32)  # per stream: episode position of the last row
         self._lost = np.zeros(schema.num_envs, np.uint8)  # per stream: LOST bit of the open episode
         self._started = False
-        self._reader = FrameReader(self._log.ring.arrays["obs"], read_threads)
-        self._load_stream_state()
         self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
         self._prefetch_pool: ThreadPoolExecutor | None = None
         self._draws = 0  # draws made by this object (orders the pending draws of several iterators)
         self._resume_draws, self._resume_rng = _pending_from_manifest(manifest) if seed is None else ([], {})
-        self._log.before_unmap = self._drain
-        self._prio: PrioritySampler | None = None
+        self._read_threads = read_threads
         self._skipped_updates = 0
-        if schema.prioritized is not None:
-            self._prio = PrioritySampler(schema.prioritized, self._log.index.flags.size)
-            self._log.on_cleared = self._prio.clear
-            self._log.on_resize = self._prio.relayout
-            self._restore_priorities(self._prio, manifest.get("priorities"), self._log.index.sync())
-        else:
-            self._log.index.sync()
+        self._attach(manifest)
+        if mode == "r+":
+            self._log.remove_strays()
+
+    def _attach(self, manifest: dict[str, Any]) -> None:
+        """Map the chunks a manifest lists and rebuild everything derived from them (open and refresh)."""
+        schema = self._schema
+        log = ChunkLog.from_manifest(self._path, schema, manifest, writable=self._mode == "r+")
+        try:
+            prio = PrioritySampler(schema.prioritized, log.index.flags.size) if schema.prioritized else None
+            valid = log.index.sync()
+            if prio is not None:
+                self._restore_priorities(prio, manifest.get("priorities"), valid, log)
+        except BaseException:
+            log.close()
+            raise
+        self._log = log
+        self._prio = prio
+        self._generation = int(manifest.get("generation", 0))
+        self._committed_at = float(manifest.get("committed_at", 0.0))
+        self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
+        """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
+        self._snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
+        self._arrays: dict[str, np.ndarray] = log.ring.arrays
+        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads)
+        log.before_unmap = self._drain
+        if prio is not None:
+            log.on_cleared = prio.clear
+            log.on_resize = prio.relayout
+        self._load_stream_state()
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], capacity: int, obs_shape: Any, obs_dtype: Any = "uint8",
@@ -154,14 +164,24 @@ class ReplayStore(WriterMixin):
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         path = os.fspath(path)
-        manifest = read_manifest(path)
-        try:
-            schema = Schema.from_json(manifest["schema"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise NotAStoreError(f"{path}/manifest.json: unreadable schema ({exc})") from None
+        read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
         lock_fd = _take_lock(path) if mode == "r+" else None
         try:
-            return cls(path, schema, manifest, mode, seed, lock_fd, read_threads)
+            attempt = 0
+            while True:
+                manifest = read_manifest(path)
+                try:
+                    schema = Schema.from_json(manifest["schema"])
+                except (KeyError, TypeError, ValueError) as exc:
+                    raise NotAStoreError(f"{path}/manifest.json: unreadable schema ({exc})") from None
+                try:
+                    return cls(path, schema, manifest, mode, seed, lock_fd, read_threads)
+                except CorruptStoreError:
+                    # A reader racing the writer: a newer commit may have retired a chunk this one lists.
+                    attempt += 1
+                    if mode == "r+" or attempt == 5 or read_manifest(path).get("generation") == manifest.get(
+                            "generation"):
+                        raise
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -384,8 +404,9 @@ class ReplayStore(WriterMixin):
                              " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
         return self._prio
 
-    def _priorities_state(self, generation: int) -> dict[str, Any] | None:
-        """Write the raw priorities and tree masses of every retained id; return the manifest entry."""
+    def _priorities_state(self, generation: int, root: str) -> dict[str, Any] | None:
+        """Write the raw priorities and tree masses of every retained id under ``root``; return the
+        manifest entry."""
         if self._prio is None:
             return None
         log = self._log
@@ -395,16 +416,15 @@ class ReplayStore(WriterMixin):
         ok = log.index.valid[slots]
         table[0, ok] = self._prio.raw[slots[ok]]
         table[1, ok] = self._prio.tree.get(slots[ok])
-        rel = checkpoint.write_array(self._path, "priorities", generation, table)
+        rel = checkpoint.write_array(root, "priorities", generation, table)
         return {"file": rel, "first_id": int(log.oldest_id), "max_priority": self._prio.max_priority,
                 "beta": self._prio.beta, "skipped_updates": self._skipped_updates}
 
     def _restore_priorities(self, prio: PrioritySampler, state: dict[str, Any] | None,
-                            valid_slots: np.ndarray) -> None:
+                            valid_slots: np.ndarray, log: ChunkLog) -> None:
         if state is None:  # a store committed before anything was sampleable
             prio.add(valid_slots)
             return
-        log = self._log
         n = log.next_id - int(state["first_id"])
         table = checkpoint.read_array(self._path, state["file"], np.dtype(np.float64), (2, n))
         pos = log.index.slot_id[valid_slots] - int(state["first_id"])
@@ -513,23 +533,114 @@ class ReplayStore(WriterMixin):
 
     # -- durability ------------------------------------------------------------------------------------
     def commit(self) -> None:
-        """Make the current state the durable resume point (in place). O(open chunk + in-RAM state)."""
+        """Make the current state the durable resume point (in place). O(open chunk + in-RAM state).
+
+        After a crash, ``open()`` returns exactly this state: transitions, priorities, the sampling RNG
+        (as of the last batch handed out) and ``metadata``.
+        """
         self._check_writable()
         try:
             self._log.sync_open_chunk()
             gen = self._generation + 1
-            now = time.time()
-            self._sync()  # the state written includes every transition whose window has closed
-            prio_state = self._priorities_state(gen)
-            body = {"generation": gen, "committed_at": now, "schema": self._schema.to_json(),
-                    "metadata": _json_dict(self.metadata), "priorities": prio_state, **self._sampling_state(),
-                    **self._log.manifest_body()}
+            body = self._state_body(gen, self._path)
             write_manifest(self._path, body)
         except OSError as exc:
             raise self._fail(exc, "committing") from exc
-        self._generation, self._committed_at = gen, now
+        self._generation, self._committed_at = gen, body["committed_at"]
         self._log.after_commit()
-        checkpoint.remove_unreferenced(self._path, {prio_state["file"]} if prio_state else set())
+        checkpoint.remove_unreferenced(self._path, {body["priorities"]["file"]} if body["priorities"] else set())
+
+    def _state_body(self, generation: int, root: str) -> dict[str, Any]:
+        """The manifest body describing the current state (state files written under ``root``)."""
+        self._sync()  # the state written includes every transition whose window has closed
+        return {"generation": generation, "committed_at": time.time(), "schema": self._schema.to_json(),
+                "metadata": _json_dict(self.metadata), "snapshots": self._snapshots,
+                "priorities": self._priorities_state(generation, root), **self._sampling_state(),
+                **self._log.manifest_body()}
+
+    def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
+        """Write a consistent snapshot of the current state to ``snapshot_dir`` while training goes on.
+
+        Sealed chunks are hard-linked (copied across filesystems), the open chunk and the state files
+        copied, the manifest written last: O(one chunk + index), whatever the capacity. Saving into an
+        existing snapshot replaces it atomically (the old one stays loadable until the new one is
+        complete). ``keep=N`` then removes all but the N newest snapshots among ``snapshot_dir``'s
+        siblings named like it up to its trailing digits (``ckpt/replay-000300`` -> ``ckpt/replay-*``).
+        Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
+        """
+        self._check_open()
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+            raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")
+        target = os.path.abspath(os.fspath(snapshot_dir))
+        gen = snapshot.existing_generation(target) + 1
+        self._log.wait_sealed()
+        os.makedirs(os.path.join(target, checkpoint.STATE_DIR), exist_ok=True)
+        body = self._state_body(gen, target)
+        columns = [c.name for c in self._log.ring.columns]
+        body["chunks"] = snapshot.write_snapshot_chunks(self._path, target, body["chunks"], columns, gen)
+        saved_at = time.time()
+        body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self._path), "store_generation": self._generation,
+                                       "saved_at": saved_at}
+        write_manifest(target, body)
+        snapshot.remove_unlisted(target, {c["dir"] for c in body["chunks"]},
+                                 {body["priorities"]["file"]} if body["priorities"] else set())
+        self._snapshots = [s for s in self._snapshots if s["path"] != target][-15:]
+        self._snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
+        if keep is not None:
+            snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
+        return target
+
+    @classmethod
+    def load(cls, snapshot_dir: str | os.PathLike[str], path: str | os.PathLike[str], mode: str = "r+",
+             seed: int | None = None, read_threads: int | None = None) -> ReplayStore:
+        """Restore a snapshot into a new (or empty) working directory ``path`` and open it.
+
+        Files are hard-linked where possible (copied across filesystems); the snapshot itself is never
+        modified. Sampling, priorities and the RNG continue exactly as in the run that saved it.
+        Raises ``NotAStoreError`` for a directory that is not a complete snapshot and ``ValueError`` for
+        a non-empty ``path``.
+        """
+        src = os.fspath(snapshot_dir)
+        doc = snapshot.read_snapshot(src)
+        snapshot.materialize(src, doc, os.fspath(path))
+        return cls.open(path, mode=mode, seed=seed, read_threads=read_threads)
+
+    def verify(self) -> list[str]:
+        """Check the last commit's files (checksums of every sealed chunk, sizes, counts, state files).
+
+        Returns the problems found, each naming its file; an empty list means the store is intact.
+        Reads every byte: O(data). Also ``mmreplay verify PATH``.
+        """
+        self._check_open()
+        from .verify import verify_store
+
+        return verify_store(self._path)
+
+    def refresh(self) -> bool:
+        """Readers (``mode="r"``): move to the writer's latest commit. Returns whether it changed.
+
+        Live ``batches()`` iterators of this reader end. The sampling RNG is kept (not reset).
+        """
+        self._check_open()
+        if self._mode != "r":
+            raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
+        for attempt in range(5):
+            doc = read_manifest(self._path)
+            if int(doc.get("generation", 0)) == self._generation:
+                return False
+            old_log, old_reader = self._log, self._reader
+            for it in list(self._iterators):
+                it.close()
+            try:
+                self._attach(doc)
+            except CorruptStoreError:
+                if attempt == 4:
+                    raise
+                continue  # the writer retired chunks of the commit we read: read the newer manifest
+            old_reader.close()
+            old_log.close()
+            return True
+        return False
 
     def close(self) -> None:
         """Commit (writable stores) and release files and the lock. Safe to call twice."""

@@ -83,3 +83,17 @@ def shared_data_dir() -> str | None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     path = os.path.join(os.path.dirname(root), "shared", "data")
     return path if os.path.isdir(path) else None
+
+
+def require(module: str):  # noqa: ANN201
+    """Import an optional dependency; skip without it, except under CI=true where it must be installed."""
+    import importlib
+
+    import pytest
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{module} must be installed in CI (pip install -e '.[ci]')")
+        pytest.skip(f"{module} not installed")

@@ -55,11 +55,14 @@ def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
     os.close(fd)
 
 
-def read_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
-    """Parse and check a chunk file header; raise ``CorruptStoreError`` naming the file."""
+def read_header(path: str, fd: int | None = None) -> tuple[np.dtype, tuple[int, ...]]:
+    """Parse and check a chunk file header (from ``fd`` if given); raise ``CorruptStoreError`` naming the file."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEADER_BYTES)
+        if fd is None:
+            with open(path, "rb") as f:
+                head = f.read(HEADER_BYTES)
+        else:
+            head = os.pread(fd, HEADER_BYTES, 0)
     except FileNotFoundError:
         raise CorruptStoreError(f"{path}: chunk file is missing") from None
     if len(head) < HEADER_BYTES or head[:8] != _MAGIC:
@@ -78,13 +81,20 @@ def read_header(path: str) -> tuple[np.dtype, tuple[int, ...]]:
     return dtype, shape
 
 
-def check(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
-    """Check header and size of an existing chunk file against what the manifest says."""
-    got_dtype, got_shape = read_header(path)
+def check(path: str, dtype: np.dtype, shape: tuple[int, ...], fd: int | None = None) -> None:
+    """Check header and size of an existing chunk file against what the manifest says.
+
+    With ``fd`` (an open descriptor of ``path``) everything is read from that file, so a concurrent
+    unlink or replace of the path cannot make the check and a later mapping disagree.
+    """
+    got_dtype, got_shape = read_header(path, fd)
     if got_dtype != dtype or got_shape != shape:
         raise CorruptStoreError(
             f"{path}: holds {got_dtype}{list(got_shape)}, the manifest expects {dtype}{list(shape)}")
     want = HEADER_BYTES + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    size = os.stat(path).st_size
+    try:
+        size = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: chunk file is missing") from None
     if size != want:
         raise CorruptStoreError(f"{path}: file is {size} bytes, expected {want} (truncated or extended)")

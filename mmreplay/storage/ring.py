@@ -10,12 +10,14 @@ may be indexed (the rest of the range is inaccessible reserved space).
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import CorruptStoreError
 from ..options import Schema
 from . import npyfile
 from .vmem import VirtualRange
@@ -106,12 +108,18 @@ class ChunkRing:
     def create_chunk(self, seq: int) -> str:
         """Create (preallocated) files for a new chunk and map them writable. Returns the directory name."""
         name = chunk_dirname(seq)
-        os.makedirs(self.chunk_dir(name), exist_ok=True)
-        for col in self.columns:
-            npyfile.create(self.file_path(name, col), col.dtype, (self.rows_alloc, *col.shape))
-        fsync_path(self.chunk_dir(name))
-        fsync_path(os.path.join(self.root, "chunks"))
-        self.map_chunk(seq, name, writable=True)
+        try:
+            os.makedirs(self.chunk_dir(name), exist_ok=True)
+            for col in self.columns:
+                npyfile.create(self.file_path(name, col), col.dtype, (self.rows_alloc, *col.shape))
+            fsync_path(self.chunk_dir(name))
+            fsync_path(os.path.join(self.root, "chunks"))
+            self.map_chunk(seq, name, writable=True)
+        except BaseException:
+            if seq in self.mapped:
+                self.unmap_chunk(seq)
+            shutil.rmtree(self.chunk_dir(name), ignore_errors=True)
+            raise
         return name
 
     def map_chunk(self, seq: int, name: str, writable: bool) -> None:
@@ -120,9 +128,12 @@ class ChunkRing:
         pos = seq % self.positions
         for col in self.columns:
             path = self.file_path(name, col)
-            npyfile.check(path, col.dtype, (self.rows_alloc, *col.shape))
-            fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
             try:
+                fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+            except FileNotFoundError:
+                raise CorruptStoreError(f"{path}: chunk file is missing") from None
+            try:
+                npyfile.check(path, col.dtype, (self.rows_alloc, *col.shape), fd)
                 cb = self._chunk_bytes(col)
                 self._ranges[col.name].map_file(pos * cb, fd, npyfile.HEADER_BYTES, cb, writable)
             finally:

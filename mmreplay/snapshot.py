@@ -1,0 +1,197 @@
+"""Snapshots: consistent copies of a store that cost O(one chunk + index), not O(data).
+
+A snapshot directory has a store's layout (``manifest.json``, ``chunks/``,
+``state/``), so it can also be opened read-only as a store. Sealed chunks are
+immutable, so they are hard-linked (copied only across filesystems); the open
+chunk is copied under a generation-specific name; the manifest is written
+last. Saving again into the same directory writes the new generation beside
+the old one and switches by replacing the manifest, then removes what only the
+old generation used: a crash at any moment leaves the old or the new snapshot.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+import time
+from typing import Any
+
+from .errors import NotAStoreError, StoreNotFoundError
+from .storage.manifest import MANIFEST, fsync_dir, read_manifest
+
+SNAPSHOT_KEY = "snapshot_of"
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """Hard-link ``src`` to ``dst`` (replacing another file there); copy when links cannot cross filesystems."""
+    if os.path.exists(dst):
+        if os.path.samefile(src, dst):
+            return
+        os.unlink(dst)
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        copy_file(src, dst)
+
+
+def copy_file(src: str, dst: str) -> None:
+    """Copy to a new inode and make it durable."""
+    tmp = dst + ".tmp"
+    shutil.copyfile(src, tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, dst)
+
+
+def existing_generation(snapshot_dir: str) -> int:
+    """Generation of the snapshot in ``snapshot_dir`` (0 if none). Refuses a directory that holds something
+    else, so saving never overwrites a foreign directory."""
+    if not os.path.exists(snapshot_dir):
+        return 0
+    if not os.path.isdir(snapshot_dir):
+        raise NotAStoreError(f"save(): {snapshot_dir} is a file; give a new directory or an earlier snapshot")
+    if not os.path.exists(os.path.join(snapshot_dir, MANIFEST)):
+        entries = set(os.listdir(snapshot_dir)) - {"chunks", "state"}
+        if entries:
+            raise NotAStoreError(f"save(): {snapshot_dir} is not empty and not a snapshot; give a new directory")
+        return 0
+    doc = read_manifest(snapshot_dir, what="snapshot")
+    if SNAPSHOT_KEY not in doc:
+        raise NotAStoreError(f"save(): {snapshot_dir} is a store, not a snapshot; give another directory")
+    return int(doc["generation"])
+
+
+def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[str, Any]], columns: list[str],
+                          generation: int) -> list[dict[str, Any]]:
+    """Link sealed chunks and copy the open one into ``snapshot_dir``; return the chunk entries to list."""
+    out = []
+    base = os.path.join(snapshot_dir, "chunks")
+    os.makedirs(base, exist_ok=True)
+    for c in chunks:
+        src = os.path.join(store_root, "chunks", c["dir"])
+        name = c["dir"] if c["sealed"] else f"{c['dir'].split('.')[0]}.g{generation:06d}"
+        dst = os.path.join(base, name)
+        os.makedirs(dst, exist_ok=True)
+        for col in columns:
+            if c["sealed"]:
+                link_or_copy(os.path.join(src, col + ".npy"), os.path.join(dst, col + ".npy"))
+            else:
+                copy_file(os.path.join(src, col + ".npy"), os.path.join(dst, col + ".npy"))
+        fsync_dir(dst)
+        out.append(dict(c, dir=name))
+    fsync_dir(base)
+    return out
+
+
+def remove_unlisted(root: str, chunk_dirs: set[str], state_files: set[str]) -> None:
+    """Delete chunk directories and state files a directory's manifest no longer refers to."""
+    base = os.path.join(root, "chunks")
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        if name not in chunk_dirs:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    state = os.path.join(root, "state")
+    for name in os.listdir(state) if os.path.isdir(state) else []:
+        if os.path.join("state", name) not in state_files:
+            try:
+                os.unlink(os.path.join(state, name))
+            except (FileNotFoundError, IsADirectoryError):
+                pass
+
+
+def read_snapshot(snapshot_dir: str) -> dict[str, Any]:
+    """Read and check a snapshot's manifest (a clear error for anything that is not a complete snapshot)."""
+    if not os.path.isdir(snapshot_dir):
+        raise StoreNotFoundError(f"{snapshot_dir}: no such snapshot directory")
+    if not os.path.exists(os.path.join(snapshot_dir, MANIFEST)):
+        raise NotAStoreError(f"{snapshot_dir}: not a complete snapshot (no {MANIFEST}; a save that did not"
+                             " finish leaves none)")
+    doc = read_manifest(snapshot_dir, what="snapshot")
+    if SNAPSHOT_KEY not in doc:
+        raise NotAStoreError(f"{snapshot_dir}: a store, not a snapshot; open it with ReplayStore.open()")
+    return doc
+
+
+def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
+    """Build a working store in ``path`` (new or empty) from a snapshot: links where possible, the
+    manifest written last, everything built under a temporary name and renamed into place."""
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise ValueError(f"load(): {path} is not empty; give a new or empty directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.loading-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(os.path.join(tmp, "chunks"))
+        os.makedirs(os.path.join(tmp, "state"))
+        for c in doc["chunks"]:
+            src = os.path.join(snapshot_dir, "chunks", c["dir"])
+            if not os.path.isdir(src):
+                raise NotAStoreError(f"{src}: chunk directory listed by the snapshot is missing")
+            dst = os.path.join(tmp, "chunks", c["dir"])
+            os.makedirs(dst)
+            for name in os.listdir(src):
+                link_or_copy(os.path.join(src, name), os.path.join(dst, name))
+        prio = doc.get("priorities")
+        if prio:
+            link_or_copy(os.path.join(snapshot_dir, prio["file"]), os.path.join(tmp, prio["file"]))
+        from .storage.manifest import write_manifest
+
+        body = {k: v for k, v in doc.items() if k not in ("format", "format_version", SNAPSHOT_KEY)}
+        body["loaded_from"] = {"path": os.path.abspath(snapshot_dir), "generation": doc["generation"],
+                               "at": time.time()}
+        write_manifest(tmp, body)
+        if os.path.isdir(path):
+            os.rmdir(path)
+        os.replace(tmp, path)
+        fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+_TRAILING_DIGITS = re.compile(r"\d+$")
+
+
+def prune_snapshots(prefix: str, keep: int) -> list[str]:
+    """Keep the ``keep`` newest snapshots among directories whose path starts with ``prefix``; remove the rest.
+
+    Only directories holding a readable snapshot manifest are considered (anything else is left alone);
+    newest = latest ``saved_at``. Each removal renames the directory first, so an interrupted prune never
+    leaves a half-deleted directory that still looks like a snapshot. Returns the removed paths.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep: expected an int >= 1, got {keep!r}")
+    parent = os.path.dirname(os.path.abspath(prefix)) or "."
+    stem = os.path.basename(prefix)
+    found = []
+    for name in os.listdir(parent) if os.path.isdir(parent) else []:
+        full = os.path.join(parent, name)
+        if not name.startswith(stem) or not os.path.isdir(full):
+            continue
+        try:
+            doc = read_snapshot(full)
+        except (NotAStoreError, StoreNotFoundError, ValueError):
+            continue
+        found.append((float(doc[SNAPSHOT_KEY].get("saved_at", 0.0)), full))
+    found.sort()
+    removed = []
+    for _, full in found[:-keep]:
+        trash = os.path.join(parent, f".{os.path.basename(full)}.removing-{os.getpid()}")
+        os.replace(full, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(full)
+    if removed:
+        fsync_dir(parent)
+    return removed
+
+
+def sibling_prefix(snapshot_dir: str) -> str:
+    """``ckpt/replay-000300`` -> ``ckpt/replay-``: the prefix ``save(keep=)`` prunes by."""
+    return _TRAILING_DIGITS.sub("", os.path.abspath(snapshot_dir).rstrip("/"))

@@ -1,0 +1,79 @@
+"""Kill -9 a writer at random moments; the store must reopen at a commit it made, and snapshots must either
+load to the state they were saved at or be refused clearly. A longer soak: tools/crash_soak.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from crash_writer import CFG, replay
+from helpers import Pair, assert_same
+from model import ModelStore
+
+import mmreplay as mr
+
+WRITER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "crash_writer.py")
+
+
+def kill_trial(tmp: str, seed: int, delay: float, total: int = 400) -> dict:
+    """Run a writer, SIGKILL it after ``delay`` seconds of writing, check everything; return what was seen."""
+    path, snap = os.path.join(tmp, "store"), os.path.join(tmp, "snap")
+    proc = subprocess.Popen([sys.executable, WRITER, path, snap, str(seed), str(total)], stdout=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "R"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGKILL)
+    out, _ = proc.communicate()
+    commits = {0: 0}
+    snaps: dict[int, int] = {}
+    for line in out.splitlines():
+        kind, *rest = line.split()
+        if kind == "C":
+            commits[int(rest[0])] = int(rest[1])
+        elif kind == "S":
+            snaps[int(rest[0])] = int(rest[1])
+    store = mr.ReplayStore.open(path)
+    gen = store.generation
+    assert gen in commits and gen >= max(commits) - 1, (gen, commits)  # the last finished commit or the one in flight
+    _check(store, seed, commits[gen])
+    # writing continues from the commit, and the next commit is durable
+    store.step(0, 0.0, np.zeros(3, np.int32), False, False) if store._ep_open[0] else store.reset(
+        np.zeros(3, np.int32))
+    store.close()
+    mr.ReplayStore.open(path, mode="r").close()
+    snapshot_state = "none"
+    if os.path.isdir(snap):
+        try:
+            loaded = mr.ReplayStore.load(snap, os.path.join(tmp, "restored"))
+        except mr.NotAStoreError as exc:
+            assert "not a complete snapshot" in str(exc)
+            snapshot_state = "refused"
+        else:
+            sg = loaded.generation
+            assert sg in snaps, (sg, snaps)
+            _check(loaded, seed, snaps[sg])
+            loaded.close()
+            snapshot_state = "loaded"
+    return {"generation": gen, "snapshot": snapshot_state, "finished": "D" in out.split()}
+
+
+def _check(store: mr.ReplayStore, seed: int, events_written: int) -> None:
+    model = ModelStore(**CFG)
+    replay(model, seed, events_written)
+    assert_same(Pair(store, model))
+    if events_written:
+        np.testing.assert_array_equal(store.current_obs(), model.current_obs())
+    assert store.verify() == []
+
+
+@pytest.mark.parametrize("trial", range(12))
+def test_sigkill_at_random_moments(tmp_path, trial):
+    rng = np.random.default_rng(trial)
+    seen = kill_trial(str(tmp_path), seed=trial, delay=float(rng.uniform(0.0, 0.35)))
+    assert seen["snapshot"] in ("none", "refused", "loaded")

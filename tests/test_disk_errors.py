@@ -1,0 +1,103 @@
+"""A full disk or a failed sync turns the store read-only with a clear error; reopening gives the last commit."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.storage import npyfile, ring
+
+
+def _store(path):
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(4,), stack=2, n_step=2, chunk_size=8)
+    s.reset(np.zeros(4, np.uint8))
+    return s
+
+
+def _steps(s, n, start=0):
+    for t in range(start, start + n):
+        s.step(t % 2, 1.0, np.full(4, t % 256, np.uint8), False, False)
+
+
+def _assert_read_only_then_reopens(s, path, committed_range):
+    batch = s.sample(4)  # sampling still works
+    assert batch.obs.shape == (4, 2, 4)
+    for call in (lambda: _steps(s, 1), s.commit, lambda: s.reset(np.zeros(4, np.uint8))):
+        with pytest.raises(mr.ReadOnlyStoreError, match="free space or fix the disk, then reopen"):
+            call()
+    s.close()  # does not try to commit
+    with mr.ReplayStore.open(path) as again:
+        assert again.id_range == committed_range
+        _steps(again, 20)  # once space is back, writing goes on
+
+
+def test_enospc_when_a_new_chunk_is_allocated(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    s = _store(path)
+    _steps(s, 10)
+    s.commit()
+    committed = s.id_range
+    real = os.posix_fallocate
+
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(mr.StoreIOError, match="No space left.*read-only") as info:
+        _steps(s, 50, start=10)
+    assert info.value.errno == errno.ENOSPC
+    assert isinstance(info.value, OSError)
+    monkeypatch.setattr(os, "posix_fallocate", real)
+    _assert_read_only_then_reopens(s, path, committed)
+    leftovers = set(os.listdir(os.path.join(path, "chunks")))
+    assert all(len(n) == 12 for n in leftovers)  # no half-made chunk directory left behind
+
+
+def test_failed_fsync_during_commit(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    s = _store(path)
+    _steps(s, 30)
+    s.commit()
+    committed = s.id_range
+    _steps(s, 7, start=30)
+
+    def eio(path):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ring, "fsync_path", eio)
+    with pytest.raises(mr.StoreIOError, match="committing.*Input/output error"):
+        s.commit()
+    monkeypatch.undo()
+    _assert_read_only_then_reopens(s, path, committed)
+
+
+def test_failed_background_seal_surfaces_at_the_next_commit(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    s = _store(path)
+    _steps(s, 3)
+    s.commit()
+    committed = s.id_range
+    real = ring.ChunkRing.finish_seal
+
+    def broken(self, seq):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(ring.ChunkRing, "finish_seal", broken)
+    _steps(s, 8, start=3)  # fills a chunk: its seal fails in the background
+    monkeypatch.setattr(ring.ChunkRing, "finish_seal", real)
+    with pytest.raises(mr.StoreIOError, match="Input/output error"):
+        s.commit()
+    _assert_read_only_then_reopens(s, path, committed)
+
+
+def test_preallocation_prevents_sparse_chunk_files(tmp_path):
+    s = _store(str(tmp_path / "s"))
+    _steps(s, 3)
+    d = os.path.join(s.path, "chunks", "000000000000")
+    st = os.stat(os.path.join(d, "obs.npy"))
+    assert st.st_blocks * 512 >= st.st_size - npyfile.HEADER_BYTES  # space reserved, not a hole
+    s.close()

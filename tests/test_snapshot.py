@@ -1,0 +1,202 @@
+"""save()/load(): consistent snapshots while training goes on, exact resume, atomic replacement, retention."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+
+PRIO = mr.Prioritized(alpha=0.6, beta=0.4)
+
+
+class Run:
+    """A deterministic add/sample/update_priorities loop that records every batch."""
+
+    def __init__(self, store: mr.ReplayStore, seed: int) -> None:
+        self.store = store
+        self.rng = np.random.default_rng(seed)
+        self.t = 0
+
+    def steps(self, n: int) -> list[mr.Batch]:
+        s, out = self.store, []
+        for _ in range(n):
+            self.t += 1
+            if not _open(s):
+                s.reset(np.full(4, -self.t, np.int32))
+            end = self.rng.random() < 0.03
+            s.step(int(self.rng.integers(4)), float(self.rng.integers(-1, 2)), np.full(4, self.t, np.int32), end,
+                   False, lp=np.float32(self.rng.standard_normal()))
+            if self.t % 4 == 0 and len(s) > 0:
+                b = s.sample(16)
+                out.append(b)
+                if s.schema.prioritized is not None:
+                    s.update_priorities(b.index, self.rng.random(16) * 2)
+        return out
+
+
+def _open(s: mr.ReplayStore) -> bool:
+    return bool(s._ep_open[0])
+
+
+def _new(path, prio=PRIO, capacity=200, chunk_size=32):
+    s = mr.ReplayStore.create(path, capacity=capacity, obs_shape=(4,), obs_dtype="int32", stack=3, n_step=3,
+                              chunk_size=chunk_size, prioritized=prio, extras={"lp": ((), "float32")}, seed=9)
+    s.reset(np.zeros(4, np.int32))
+    return s
+
+
+def _same_batches(xs: list[mr.Batch], ys: list[mr.Batch]) -> None:
+    assert len(xs) == len(ys) > 0
+    for a, b in zip(xs, ys, strict=True):
+        for name in ("index", "obs", "next_obs", "action", "reward", "discount", "terminated", "weight"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        np.testing.assert_array_equal(a.extras["lp"], b.extras["lp"])
+
+
+@pytest.mark.parametrize("prio", [None, PRIO])
+def test_exact_resume_from_a_snapshot(tmp_path, prio):
+    s = _new(tmp_path / "live", prio)
+    run = Run(s, 1)
+    run.steps(700)
+    snap = s.save(tmp_path / "snap")
+    rng_state = run.rng.bit_generator.state
+    t = run.t
+    after = run.steps(400)  # the uninterrupted run goes on
+    s.close()
+    r = mr.ReplayStore.load(snap, tmp_path / "restored")
+    run2 = Run(r, 0)
+    run2.rng.bit_generator.state = rng_state
+    run2.t = t
+    _same_batches(after, run2.steps(400))
+    r.close()
+
+
+def test_snapshot_links_sealed_chunks_and_costs_one_chunk(tmp_path):
+    s = _new(tmp_path / "live", None, capacity=300)
+    Run(s, 2).steps(600)
+    snap = s.save(tmp_path / "snap")
+    doc_chunks = [c for c in os.listdir(os.path.join(snap, "chunks"))]
+    linked = copied = 0
+    for name in doc_chunks:
+        a = os.path.join(snap, "chunks", name, "obs.npy")
+        b = os.path.join(s.path, "chunks", name, "obs.npy")
+        if os.path.exists(b) and os.path.samefile(a, b):
+            linked += 1
+        else:
+            copied += 1
+    assert copied == 1 and linked >= 5  # only the open chunk is copied
+    s.close()
+
+
+def test_save_while_training_then_replace_atomically(tmp_path):
+    s = _new(tmp_path / "live")
+    run = Run(s, 3)
+    run.steps(300)
+    s.save(tmp_path / "snap")
+    first = mr.ReplayStore.open(tmp_path / "snap", mode="r")  # a snapshot opens read-only as a store
+    ids1 = first.id_range
+    first.close()
+    run.steps(300)
+    # a second save into the same directory writes a new generation beside the old one
+    real_write = mr.store.write_manifest
+    calls = []
+
+    def failing_write(*a, **k):
+        calls.append(a[0])
+        raise OSError(errno.EIO, "injected failure while switching the snapshot")
+
+    mr.store.write_manifest = failing_write
+    try:
+        with pytest.raises(OSError, match="injected"):
+            s.save(tmp_path / "snap")
+    finally:
+        mr.store.write_manifest = real_write
+    with mr.ReplayStore.open(tmp_path / "snap", mode="r") as still_old:
+        assert still_old.id_range == ids1  # the old snapshot is intact and loadable
+    s.save(tmp_path / "snap")
+    with mr.ReplayStore.open(tmp_path / "snap", mode="r") as new:
+        assert new.id_range == s.id_range != ids1
+        assert new.verify() == []
+    s.close()
+
+
+def test_keep_prunes_older_snapshots_only(tmp_path):
+    s = _new(tmp_path / "live", None)
+    run = Run(s, 4)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "replay-notes").mkdir()  # not a snapshot: never removed
+    for i in range(5):
+        run.steps(60)
+        s.save(tmp_path / "ckpt" / f"replay-{i:04d}", keep=2)
+    left = sorted(os.listdir(tmp_path / "ckpt"))
+    assert left == ["replay-0003", "replay-0004", "replay-notes"]
+    removed = mr.prune_snapshots(str(tmp_path / "ckpt" / "replay-"), keep=1)
+    assert [os.path.basename(r) for r in removed] == ["replay-0003"]
+    with pytest.raises(ValueError, match="keep"):
+        s.save(tmp_path / "ckpt" / "x", keep=0)
+    s.close()
+
+
+def test_load_errors(tmp_path):
+    s = _new(tmp_path / "live", None)
+    Run(s, 5).steps(100)
+    snap = s.save(tmp_path / "snap")
+    s.close()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        mr.ReplayStore.load(snap, tmp_path / "busy")
+    assert os.listdir(tmp_path / "busy") == ["x"]
+    with pytest.raises(mr.NotAStoreError, match="not a snapshot"):
+        mr.ReplayStore.load(tmp_path / "live", tmp_path / "x1")  # a store is not a snapshot
+    os.unlink(os.path.join(snap, "manifest.json"))  # as if the first save had been interrupted
+    with pytest.raises(mr.NotAStoreError, match="not a complete snapshot"):
+        mr.ReplayStore.load(snap, tmp_path / "x2")
+    assert not (tmp_path / "x2").exists()
+    with pytest.raises(mr.StoreNotFoundError):
+        mr.ReplayStore.load(tmp_path / "nope", tmp_path / "x3")
+
+
+def test_snapshot_across_filesystems_copies(tmp_path, monkeypatch):
+    s = _new(tmp_path / "live", PRIO)
+    run = Run(s, 6)
+    run.steps(300)
+
+    def no_link(src, dst):
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(os, "link", no_link)
+    snap = s.save(tmp_path / "snap")
+    r = mr.ReplayStore.load(snap, tmp_path / "restored")
+    assert r.id_range == s.id_range
+    ids = np.arange(*s.id_range)
+    ok = [i for i in ids if _ok(s, i)]
+    np.testing.assert_array_equal(r.gather(ok).obs, s.gather(ok).obs)
+    np.testing.assert_array_equal(r.priorities(ok), s.priorities(ok))
+    r.close()
+    s.close()
+
+
+def _ok(s, i):
+    try:
+        s.gather([i])
+        return True
+    except mr.NotSampleableError:
+        return False
+
+
+def test_loaded_store_writes_do_not_touch_the_snapshot(tmp_path):
+    s = _new(tmp_path / "live", None)
+    Run(s, 7).steps(200)
+    snap = s.save(tmp_path / "snap")
+    s.close()
+    before = mr.verify_store(snap)
+    r = mr.ReplayStore.load(snap, tmp_path / "restored")
+    Run(r, 8).steps(400)  # fills the copied open chunk and retires linked ones
+    r.close()
+    assert before == [] and mr.verify_store(snap) == []
+    assert mr.ReplayStore.load(snap, tmp_path / "again").id_range[1] < 300
