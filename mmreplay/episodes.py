@@ -31,7 +31,7 @@ class EpisodeTable:
     length: np.ndarray  # int64: transitions from that frame on
     first_id: np.ndarray  # int64: id of the first transition, -1 if none
     start_retained: np.ndarray  # bool: the first retained frame is the episode's first observation
-    head_lost: np.ndarray  # bool: the episode began before its first stored frame (imports)
+    head_lost: np.ndarray  # bool: its first stored frame (retained) is not its first observation (imports)
     ended: np.ndarray  # bool
     terminated: np.ndarray  # bool
     truncated: np.ndarray  # bool (ended, not terminated: a time limit, or reset() mid-episode)
@@ -86,7 +86,7 @@ def episode_table(flags: np.ndarray, rewards: np.ndarray, slot_id: np.ndarray,
         start_ret = start[first]
         ended = (fl_last & END) != 0
         values = [np.full(first.size, s, np.int64), rr[first], lengths, ids, start_ret,
-                  (f[first] & LOST) != 0, ended, ended & ((fl_last & TERMINATED) != 0), ended & ((fl_last & TERMINATED) == 0),
+                  start_ret & ((f[first] & LOST) != 0), ended, ended & ((fl_last & TERMINATED) != 0), ended & ((fl_last & TERMINATED) == 0),
                   (fl_last & MISSING) != 0, sums]
         for col, v in zip(parts, values, strict=True):
             col.append(v)

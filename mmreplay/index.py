@@ -124,6 +124,64 @@ class Index:
         live = np.flatnonzero(self.slot_id >= 0)
         self.id2slot[self.slot_id[live] % size] = live
 
+    def rebuild(self, r0: int, slots: np.ndarray, flags: np.ndarray, first_id: int) -> np.ndarray:
+        """Fill the index from the disk flags of retained rows ``r0 ..`` (``slots``/``flags``: (R, streams),
+        rows in order) and decide every row at once. Returns the sampleable slots.
+
+        Transition ids are counted in (row, stream) order from ``first_id``. This is ``sync()`` specialised
+        for a whole store: the same rules, computed in row space with a few passes over the arrays.
+        """
+        n_rows = slots.shape[0]
+        self.oldest_row = r0
+        self.checked[:] = r0
+        self._synced_rows = self.rows
+        if n_rows == 0:
+            return np.empty(0, np.int64)
+        k, n = self.k, self.n
+        pos = np.arange(n_rows, dtype=np.int64)[:, None]
+        start = (flags & START) != 0
+        end = (flags & (TERMINATED | TRUNCATED)) != 0
+        end[:-1] |= start[1:]  # a START ends the episode before it (truncation by reset)
+        last_start = np.maximum.accumulate(np.where(start, pos, -1), axis=0)
+        # An episode whose START was retired counts from one row before the oldest: its head is gone.
+        epos = np.where(last_start >= 0, pos - last_start, pos + 1)
+        cols = np.arange(slots.shape[1], dtype=np.int64)
+        if (flags & HEAD_LOST).any():  # imports only: the flag is propagated to the episode's frames
+            lost = ((flags & HEAD_LOST) != 0)[np.maximum(last_start, 0), cols] & (last_start >= 0)
+        else:
+            lost = np.zeros(flags.shape, np.bool_)
+        tx = ~start
+        count = np.cumsum(tx.ravel())
+        ids = np.where(tx, first_id + count.reshape(tx.shape) - 1, -1)
+        ram_flags = flags | np.where(end, END, 0).astype(np.uint8) | np.where(lost, LOST, 0).astype(np.uint8)
+        self.flags[slots] = ram_flags
+        self.epos[slots] = epos
+        self.slot_id[slots] = ids
+        # ids are consecutive: their id2slot positions are one range modulo the ring (two slices at most)
+        live_slots = slots.ravel()[tx.ravel()]
+        size = self.id2slot.size
+        lo = first_id % size
+        cut = min(live_slots.size, size - lo)
+        self.id2slot[lo:lo + cut] = live_slots[:cut]
+        self.id2slot[:live_slots.size - cut] = live_slots[cut:]
+        # Window of the transition at row r: up to the first episode end at or after r, at most n rows.
+        next_end = np.minimum.accumulate(np.where(end, pos, n_rows + n)[::-1], axis=0)[::-1]
+        dist = next_end - pos
+        complete = (dist < n) | (pos + n - 1 < n_rows)
+        valid = tx & complete
+        if (flags & MISSING).any():  # imports only: rows that would bootstrap from a missing frame
+            last = np.minimum(pos + np.minimum(dist + 1, n) - 1, n_rows - 1)
+            last_f = ram_flags[last, cols]
+            valid &= ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
+        f0 = pos - epos  # the episode's first stored row (relative; -1 when retired)
+        valid &= (~lost & (f0 >= 0)) | (pos - k >= np.maximum(f0, 0))
+        incomplete = ~complete
+        self.checked[:] = np.where(incomplete.any(axis=0), r0 + incomplete.argmax(axis=0), r0 + n_rows)
+        new = slots[valid]
+        self.valid[new] = True
+        self.n_valid = int(new.size)
+        return new
+
     # -- writing ---------------------------------------------------------------------------------------
     def note_frames(self, slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, ids: np.ndarray) -> None:
         """Record frames written at ``slots`` (one per stream, or a subset). ids < 0 for START frames."""

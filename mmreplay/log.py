@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .errors import CorruptStoreError
-from .index import DISK_FLAGS, END, HEAD_LOST, LOST, START, TERMINATED, TRUNCATED, Geometry, Index
+from .index import DISK_FLAGS, START, Geometry, Index
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
@@ -68,6 +68,7 @@ class ChunkLog:
         self.next_id = 0
         self.retained_tx = 0
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
+        self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
@@ -285,38 +286,24 @@ class ChunkLog:
         fsync_dir(self.ring.chunk_dir(info.name))
 
     def _rebuild_index(self) -> None:
-        idx, geo, n_env = self.index, self.index.geo, self.schema.num_envs
+        """Rebuild the index from the retained chunks' flags column (committed rows only)."""
+        idx, n_env = self.index, self.schema.num_envs
         if not self.chunks:
+            self.initial_valid = np.empty(0, np.int64)
             return
         first = self.chunks[0]
         r0, r1 = first.seq * self.rs, idx.rows
-        idx.oldest_row = r0
-        idx.checked[:] = r0
-        if r1 <= r0:
-            return
-        rr = np.arange(r0, r1, dtype=np.int64)
-        slots = geo.slots(np.arange(n_env)[None, :], rr[:, None])  # (R, N)
-        f = self.ring.arrays["flags"][slots] & DISK_FLAGS
-        start = (f & START) != 0
-        end = (f & (TERMINATED | TRUNCATED)) != 0
-        end[:-1] |= start[1:]
-        pos = np.arange(r1 - r0, dtype=np.int64)[:, None]
-        last_start = np.maximum.accumulate(np.where(start, pos, -1), axis=0)
-        # An episode whose START was retired counts from one row before the oldest: its head is gone.
-        epos = np.where(last_start >= 0, pos - last_start, pos + 1)
-        hl = (f & HEAD_LOST) != 0
-        lost = np.take_along_axis(hl, np.maximum(last_start, 0), axis=0) & (last_start >= 0)
-        tx = ~start
-        ids = np.where(tx, first.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
-        if int(tx.sum()) != self.next_id - first.first_id:
+        # Slots of rows r0..r1-1 of every stream, (R, N): per chunk, its base plus the stream-major offsets.
+        bases = (np.array([c.seq for c in self.chunks], np.int64) % self.ring.positions) * self.schema.rows_alloc
+        within = np.arange(n_env, dtype=np.int64)[None, :] * self.rs + np.arange(self.rs, dtype=np.int64)[:, None]
+        slots = (bases[:, None, None] + within[None]).reshape(-1, n_env)[: r1 - r0]
+        flags = self.ring.arrays["flags"][slots] & DISK_FLAGS
+        n_tx = int(np.count_nonzero((flags & START) == 0))
+        if n_tx != self.next_id - first.first_id:
             raise CorruptStoreError(
-                f"{self.ring.chunk_dir(first.name)}: the flags columns hold {int(tx.sum())} transitions, "
+                f"{self.ring.chunk_dir(first.name)}: the flags columns hold {n_tx} transitions, "
                 f"the manifest counts {self.next_id - first.first_id}; the chunk files are damaged")
-        idx.flags[slots] = f | np.where(end, END, 0).astype(np.uint8) | np.where(lost, LOST, 0).astype(np.uint8)
-        idx.epos[slots] = epos
-        idx.slot_id[slots] = ids
-        live = tx.ravel()
-        idx.id2slot[ids.ravel()[live] % idx.id2slot.size] = slots.ravel()[live]
+        self.initial_valid = idx.rebuild(r0, slots, flags, first.first_id)
 
     def remove_strays(self) -> None:
         """Delete chunk directories the manifest does not list (a crashed run's leftovers)."""

@@ -13,6 +13,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from .storage.vmem import RangeAdvisor
+
 
 class FramePool:
     """Recycles the memory of obs/next_obs outputs the caller no longer references.
@@ -55,11 +57,13 @@ class FrameReader:
 
     MIN_SPLIT_BYTES = 256 * 1024  # below this, handing work to a thread costs more than it saves
 
-    def __init__(self, frames: np.ndarray, threads: int | None = None) -> None:
+    def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool = True) -> None:
         self.frames = frames
         self.threads = default_threads() if threads is None else max(1, int(threads))
+        self.prefetch_io = prefetch_io
         self._pool = FramePool()
         self._executor: ThreadPoolExecutor | None = None
+        self._advisor = RangeAdvisor()
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
@@ -68,6 +72,8 @@ class FrameReader:
         both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
         flat = both.reshape((2 * b * k,) + frames.shape[1:])
         index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
+        if self.prefetch_io:
+            self.request(index)
         parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
         if parts == 1:
             np.take(frames, index, axis=0, out=flat, mode="clip")
@@ -83,12 +89,30 @@ class FrameReader:
                 f.result()
         return both[0], both[1]  # C-contiguous views of one buffer
 
+    def request(self, slots: np.ndarray) -> None:
+        """Start reading the frames at ``slots`` into the page cache, all at once, in file order.
+
+        Adjacent frames (a row's stack and n-step window) are coalesced into one range. Cheap when
+        the pages are cached; when they are not, the gather that follows waits on reads already in
+        flight instead of faulting them in one by one.
+        """
+        run = np.unique(slots)
+        if run.size == 0:
+            return
+        breaks = np.flatnonzero(np.diff(run) != 1) + 1
+        first = run[np.concatenate(([0], breaks))]
+        last = run[np.concatenate((breaks - 1, [run.size - 1]))]
+        row = self.frames.strides[0]
+        base = self.frames.ctypes.data
+        self._advisor.willneed(base + first * row, base + (last + 1) * row)
+
     def _workers(self) -> ThreadPoolExecutor:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mmreplay-read")
         return self._executor
 
     def close(self) -> None:
+        self._advisor.close()
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None

@@ -92,7 +92,7 @@ class ReplayStore(WriterMixin):
         log = ChunkLog.from_manifest(self._path, schema, manifest, writable=self._mode == "r+")
         try:
             prio = PrioritySampler(schema.prioritized, log.index.flags.size) if schema.prioritized else None
-            valid = log.index.sync()
+            valid = log.initial_valid
             if prio is not None:
                 self._restore_priorities(prio, manifest.get("priorities"), valid, log)
         except BaseException:

@@ -9,6 +9,7 @@ reads these files like any other ``.npy``.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 
 import numpy as np
@@ -19,6 +20,7 @@ HEADER_BYTES = 4096
 _MAGIC = b"\x93NUMPY\x01\x00"
 
 
+@functools.lru_cache(maxsize=64)
 def header_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
     """The 4096-byte ``.npy`` 1.0 header for a C-ordered array."""
     descr = np.lib.format.dtype_to_descr(dtype)
@@ -87,10 +89,11 @@ def check(path: str, dtype: np.dtype, shape: tuple[int, ...], fd: int | None = N
     With ``fd`` (an open descriptor of ``path``) everything is read from that file, so a concurrent
     unlink or replace of the path cannot make the check and a later mapping disagree.
     """
-    got_dtype, got_shape = read_header(path, fd)
-    if got_dtype != dtype or got_shape != shape:
-        raise CorruptStoreError(
-            f"{path}: holds {got_dtype}{list(got_shape)}, the manifest expects {dtype}{list(shape)}")
+    if fd is None or os.pread(fd, HEADER_BYTES, 0) != header_bytes(dtype, shape):
+        got_dtype, got_shape = read_header(path, fd)  # not our exact header bytes: parse to say why
+        if (got_dtype, got_shape) != (dtype, shape):
+            raise CorruptStoreError(
+                f"{path}: holds {got_dtype}{list(got_shape)}, the manifest expects {dtype}{list(shape)}")
     want = HEADER_BYTES + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     try:
         size = os.fstat(fd).st_size if fd is not None else os.stat(path).st_size

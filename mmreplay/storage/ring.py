@@ -9,6 +9,7 @@ may be indexed (the rest of the range is inaccessible reserved space).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -32,7 +33,7 @@ class Column:
     shape: tuple[int, ...]
     dtype: np.dtype
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
 
