@@ -25,7 +25,7 @@ from .index import DISK_FLAGS, START, Geometry, Index
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
-from .storage.ring import ChunkRing, chunk_dirname, columns_for
+from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
 
 
 @dataclass
@@ -39,7 +39,7 @@ class ChunkInfo:
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "dir": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
+        return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
                 "sealed": self.sealed, "crc32": self.crc32}
 
 
@@ -149,7 +149,7 @@ class ChunkLog:
             self._close_fd()
             self.ring.protect_chunk(full.seq)
             full.sealed = True
-        self.chunks.append(ChunkInfo(seq, chunk_dirname(seq), self.next_id, 0))
+        self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
         self.seq_of_pos[seq % self.ring.positions] = seq
         self._open_writable(self.chunks[-1])
         if full is not None:
@@ -168,7 +168,7 @@ class ChunkLog:
         if info.committed:
             self.to_delete.append(info.name)  # the last commit still needs it
         else:
-            shutil.rmtree(self.ring.chunk_dir(info.name), ignore_errors=True)
+            self.ring.delete_files(info.name)
 
     def _grow(self) -> None:
         """More ring positions (short episodes put fewer transitions in each chunk than planned)."""
@@ -219,7 +219,7 @@ class ChunkLog:
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
         for name in self.to_delete:
-            shutil.rmtree(self.ring.chunk_dir(name), ignore_errors=True)
+            self.ring.delete_files(name)
         if self.to_delete:
             fsync_dir(os.path.join(self.root, "chunks"))
         self.to_delete = []
@@ -232,7 +232,7 @@ class ChunkLog:
         """Map the committed chunks and rebuild the index from their flags column."""
         mpath = os.path.join(root, "manifest.json")
         try:
-            chunks = [ChunkInfo(int(c["seq"]), str(c["dir"]), int(c["first_id"]), int(c["n_transitions"]),
+            chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
                                 bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]
             rows, next_id = int(body["rows"]), int(body["next_id"])
         except (KeyError, TypeError, ValueError) as exc:
@@ -283,7 +283,7 @@ class ChunkLog:
                 shutil.copyfile(path, tmp)
                 os.chmod(tmp, 0o644)
                 os.replace(tmp, path)
-        fsync_dir(self.ring.chunk_dir(info.name))
+        fsync_dir(os.path.join(self.root, "chunks"))
 
     def _rebuild_index(self) -> None:
         """Rebuild the index from the retained chunks' flags column (committed rows only)."""
@@ -301,18 +301,21 @@ class ChunkLog:
         n_tx = int(np.count_nonzero((flags & START) == 0))
         if n_tx != self.next_id - first.first_id:
             raise CorruptStoreError(
-                f"{self.ring.chunk_dir(first.name)}: the flags columns hold {n_tx} transitions, "
+                f"{self.ring.file_path(first.name, self.ring.columns[3])} and later: the flags columns hold {n_tx} transitions, "
                 f"the manifest counts {self.next_id - first.first_id}; the chunk files are damaged")
         self.initial_valid = idx.rebuild(r0, slots, flags, first.first_id)
 
     def remove_strays(self) -> None:
-        """Delete chunk directories the manifest does not list (a crashed run's leftovers)."""
+        """Delete chunk files the manifest does not list (a crashed run's leftovers, temp copies)."""
         base = os.path.join(self.root, "chunks")
         keep = {c.name for c in self.chunks}
         removed = False
-        for name in os.listdir(base):
-            if name not in keep:
-                shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        for filename in os.listdir(base):
+            if chunk_of_file(filename) not in keep or filename.endswith(".tmp"):
+                try:
+                    os.unlink(os.path.join(base, filename))
+                except (FileNotFoundError, IsADirectoryError, PermissionError):
+                    shutil.rmtree(os.path.join(base, filename), ignore_errors=True)
                 removed = True
         if removed:
             fsync_dir(base)

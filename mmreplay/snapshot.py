@@ -20,6 +20,7 @@ from typing import Any
 
 from .errors import NotAStoreError, StoreNotFoundError
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
+from .storage.ring import chunk_file, chunk_of_file
 
 SNAPSHOT_KEY = "snapshot_of"
 
@@ -75,27 +76,27 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
     base = os.path.join(snapshot_dir, "chunks")
     os.makedirs(base, exist_ok=True)
     for c in chunks:
-        src = os.path.join(store_root, "chunks", c["dir"])
-        name = c["dir"] if c["sealed"] else f"{c['dir'].split('.')[0]}.g{generation:06d}"
-        dst = os.path.join(base, name)
-        os.makedirs(dst, exist_ok=True)
+        name = c["name"] if c["sealed"] else f"{c['name'].split('g')[0]}g{generation:06d}"
         for col in columns:
+            src, dst = chunk_file(store_root, c["name"], col), chunk_file(snapshot_dir, name, col)
             if c["sealed"]:
-                link_or_copy(os.path.join(src, col + ".npy"), os.path.join(dst, col + ".npy"))
+                link_or_copy(src, dst)
             else:
-                copy_file(os.path.join(src, col + ".npy"), os.path.join(dst, col + ".npy"))
-        fsync_dir(dst)
-        out.append(dict(c, dir=name))
+                copy_file(src, dst)
+        out.append(dict(c, name=name))
     fsync_dir(base)
     return out
 
 
-def remove_unlisted(root: str, chunk_dirs: set[str], state_files: set[str]) -> None:
-    """Delete chunk directories and state files a directory's manifest no longer refers to."""
+def remove_unlisted(root: str, chunk_names: set[str], state_files: set[str]) -> None:
+    """Delete chunk files and state files a directory's manifest no longer refers to."""
     base = os.path.join(root, "chunks")
-    for name in os.listdir(base) if os.path.isdir(base) else []:
-        if name not in chunk_dirs:
-            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    for filename in os.listdir(base) if os.path.isdir(base) else []:
+        if chunk_of_file(filename) not in chunk_names:
+            try:
+                os.unlink(os.path.join(base, filename))
+            except (FileNotFoundError, IsADirectoryError, PermissionError):
+                shutil.rmtree(os.path.join(base, filename), ignore_errors=True)
     state = os.path.join(root, "state")
     for name in os.listdir(state) if os.path.isdir(state) else []:
         if os.path.join("state", name) not in state_files:
@@ -130,14 +131,11 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
     try:
         os.makedirs(os.path.join(tmp, "chunks"))
         os.makedirs(os.path.join(tmp, "state"))
-        for c in doc["chunks"]:
-            src = os.path.join(snapshot_dir, "chunks", c["dir"])
-            if not os.path.isdir(src):
-                raise NotAStoreError(f"{src}: chunk directory listed by the snapshot is missing")
-            dst = os.path.join(tmp, "chunks", c["dir"])
-            os.makedirs(dst)
-            for name in os.listdir(src):
-                link_or_copy(os.path.join(src, name), os.path.join(dst, name))
+        wanted = {c["name"] for c in doc["chunks"]}
+        for filename in os.listdir(os.path.join(snapshot_dir, "chunks")):
+            if chunk_of_file(filename) in wanted:
+                link_or_copy(os.path.join(snapshot_dir, "chunks", filename), os.path.join(tmp, "chunks", filename))
+        fsync_dir(os.path.join(tmp, "chunks"))
         prio = doc.get("priorities")
         if prio:
             link_or_copy(os.path.join(snapshot_dir, prio["file"]), os.path.join(tmp, prio["file"]))

@@ -582,7 +582,7 @@ class ReplayStore(WriterMixin):
         body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self._path), "store_generation": self._generation,
                                        "saved_at": saved_at}
         write_manifest(target, body)
-        snapshot.remove_unlisted(target, {c["dir"] for c in body["chunks"]},
+        snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]},
                                  {body["priorities"]["file"]} if body["priorities"] else set())
         self._snapshots = [s for s in self._snapshots if s["path"] != target][-15:]
         self._snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})

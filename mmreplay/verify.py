@@ -19,7 +19,7 @@ from .index import START
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import read_manifest
-from .storage.ring import columns_for, crc32_file_data
+from .storage.ring import chunk_file, columns_for, crc32_file_data
 
 
 def verify_store(path: str) -> list[str]:
@@ -40,15 +40,15 @@ def verify_store(path: str) -> list[str]:
     shape_rows = schema.rows_alloc
     expected_first = int(chunks[0]["first_id"]) if chunks else next_id
     for i, c in enumerate(chunks):
-        cdir = os.path.join(path, "chunks", str(c.get("dir")))
         if i and int(c["seq"]) != int(chunks[i - 1]["seq"]) + 1:
             problems.append(f"{mpath}: chunk {c['seq']} does not follow chunk {chunks[i - 1]['seq']}")
         if int(c["first_id"]) != expected_first:
-            problems.append(f"{cdir}: first_id {c['first_id']} but the chunks before it end at id {expected_first}")
+            problems.append(f"{mpath}: chunk {c['seq']} has first_id {c['first_id']} but the chunks before it end"
+                            f" at id {expected_first}")
         expected_first = int(c["first_id"]) + int(c["n_transitions"])
         readable = True
         for col in columns_for(schema):
-            fpath = os.path.join(cdir, col.name + ".npy")
+            fpath = chunk_file(path, str(c.get("name")), col.name)
             try:
                 npyfile.check(fpath, col.dtype, (shape_rows, *col.shape))
             except MMReplayError as exc:
@@ -64,12 +64,13 @@ def verify_store(path: str) -> list[str]:
                     problems.append(f"{fpath}: checksum {got:#010x} differs from the recorded {want:#010x}"
                                     " (the file was modified or damaged)")
         if readable:
-            flags = np.load(os.path.join(cdir, "flags.npy"), mmap_mode="r")
+            flags_path = chunk_file(path, str(c.get("name")), "flags")
+            flags = np.load(flags_path, mmap_mode="r")
             used = min(rs, max(0, rows - int(c["seq"]) * rs))
             per_stream = flags[: schema.num_envs * rs].reshape(schema.num_envs, rs)[:, :used]
             n_tx = int(np.count_nonzero((per_stream & START) == 0))
             if n_tx != int(c["n_transitions"]):
-                problems.append(f"{os.path.join(cdir, 'flags.npy')}: holds {n_tx} transitions, the manifest"
+                problems.append(f"{flags_path}: holds {n_tx} transitions, the manifest"
                                 f" records {c['n_transitions']}")
             del flags, per_stream
     if chunks and expected_first != next_id:

@@ -32,6 +32,10 @@ def _chunks(path):
         return json.load(f)["chunks"]
 
 
+def _file(path, chunk, column):
+    return os.path.join(path, "chunks", f"{chunk['name']}.{column}.npy")
+
+
 def _hashes(path):
     out = {}
     for root, _, files in os.walk(path):
@@ -58,7 +62,7 @@ def test_intact_store_verifies(store_path, capsys):
 
 
 def test_truncated_chunk_file(store_path):
-    target = os.path.join(store_path, "chunks", _chunks(store_path)[0]["dir"], "obs.npy")
+    target = _file(store_path, _chunks(store_path)[0], "obs")
     with open(target, "r+b") as f:
         f.truncate(os.path.getsize(target) - 100)
     before = _hashes(store_path)
@@ -70,7 +74,7 @@ def test_truncated_chunk_file(store_path):
 
 def test_flipped_bytes_in_a_sealed_chunk(store_path):
     chunks = _chunks(store_path)
-    target = os.path.join(store_path, "chunks", chunks[1]["dir"], "obs.npy")
+    target = _file(store_path, chunks[1], "obs")
     with open(target, "r+b") as f:
         f.seek(4096 + 10)
         b = f.read(1)
@@ -86,7 +90,7 @@ def test_flipped_bytes_in_a_sealed_chunk(store_path):
 
 
 def test_flipped_flags_are_caught_at_open(store_path):
-    target = os.path.join(store_path, "chunks", _chunks(store_path)[1]["dir"], "flags.npy")
+    target = _file(store_path, _chunks(store_path)[1], "flags")
     with open(target, "r+b") as f:
         f.seek(4096 + 3)
         f.write(bytes([1]))  # a transition row now claims to be an episode start
@@ -96,11 +100,11 @@ def test_flipped_flags_are_caught_at_open(store_path):
 
 
 def test_missing_chunk(store_path):
-    d = os.path.join(store_path, "chunks", _chunks(store_path)[2]["dir"])
-    os.unlink(os.path.join(d, "reward.npy"))
+    target = _file(store_path, _chunks(store_path)[2], "reward")
+    os.unlink(target)
     with pytest.raises(mr.CorruptStoreError, match="reward.npy.*missing"):
         mr.ReplayStore.open(store_path)
-    _verify_names(store_path, os.path.join(d, "reward.npy"))
+    _verify_names(store_path, target)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "edited"])

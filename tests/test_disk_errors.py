@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 
 import numpy as np
@@ -53,8 +54,9 @@ def test_enospc_when_a_new_chunk_is_allocated(tmp_path, monkeypatch):
     assert isinstance(info.value, OSError)
     monkeypatch.setattr(os, "posix_fallocate", real)
     _assert_read_only_then_reopens(s, path, committed)
-    leftovers = set(os.listdir(os.path.join(path, "chunks")))
-    assert all(len(n) == 12 for n in leftovers)  # no half-made chunk directory left behind
+    with open(os.path.join(path, "manifest.json")) as f:
+        listed = {c["name"] for c in json.load(f)["chunks"]}
+    assert {n.split(".")[0] for n in os.listdir(os.path.join(path, "chunks"))} == listed  # no half-made chunk
 
 
 def test_failed_fsync_during_commit(tmp_path, monkeypatch):
@@ -97,7 +99,6 @@ def test_failed_background_seal_surfaces_at_the_next_commit(tmp_path, monkeypatc
 def test_preallocation_prevents_sparse_chunk_files(tmp_path):
     s = _store(str(tmp_path / "s"))
     _steps(s, 3)
-    d = os.path.join(s.path, "chunks", "000000000000")
-    st = os.stat(os.path.join(d, "obs.npy"))
+    st = os.stat(os.path.join(s.path, "chunks", "000000000000.obs.npy"))
     assert st.st_blocks * 512 >= st.st_size - npyfile.HEADER_BYTES  # space reserved, not a hole
     s.close()

@@ -112,8 +112,8 @@ def test_open_after_sigkill_returns_last_commit(tmp_path):
     np.testing.assert_array_equal(store.current_obs(), model.current_obs())
     # Chunk directories written after the commit are gone; writing goes on from the commit.
     with open(os.path.join(path, "manifest.json")) as f:
-        listed = {c["dir"] for c in json.load(f)["chunks"]}
-    assert set(os.listdir(os.path.join(path, "chunks"))) == listed
+        listed = {c["name"] for c in json.load(f)["chunks"]}
+    assert {n.split(".")[0] for n in os.listdir(os.path.join(path, "chunks"))} == listed
     for t in range(137, 200):
         for target in (store, model):
             target.step(1, 1.0, np.array([1000 + t, 0], np.int32), t % 40 == 0, False)

@@ -34,6 +34,7 @@ from _report import table, write_section  # noqa: E402
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill, frame_pool  # noqa: E402
 from mmreplay.storage.npyfile import HEADER_BYTES  # noqa: E402
+from mmreplay.storage.ring import chunk_file  # noqa: E402
 
 FRAME = 84 * 84
 
@@ -77,7 +78,7 @@ def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list
             runs = []
             for part in np.split(slots, breaks):
                 seq = int(log.seq_of_pos[part[0] // a])
-                name = os.path.join(path, "chunks", log.chunks[seq - log.chunks[0].seq].name, "obs.npy")
+                name = chunk_file(path, log.chunks[seq - log.chunks[0].seq].name, "obs")
                 runs.append((name, HEADER_BYTES + int(part[0] % a) * FRAME, len(part) * FRAME))
             runs_list.append(runs)
     return ids_list, runs_list
@@ -104,7 +105,7 @@ def naive(path: str, ids_list: list[np.ndarray]) -> float:
             seq = int([s for s in names if s % positions == p][0])
             m = maps.get(seq)
             if m is None:
-                m = maps[seq] = np.load(os.path.join(path, "chunks", names[seq], "obs.npy"), mmap_mode="r")
+                m = maps[seq] = np.load(chunk_file(path, names[seq], "obs"), mmap_mode="r")
             sel = pos == p
             out[sel] = m[slots[sel] % a]
     rate = len(wanted) / (time.perf_counter() - t)

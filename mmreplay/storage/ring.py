@@ -1,7 +1,8 @@
 """Chunk files of every column, mapped into one ring-shaped array per column.
 
-A chunk is a directory ``chunks/<name>/`` holding one ``.npy`` file per
-column, each with ``rows_alloc`` rows. Chunk ``seq`` lives at ring position
+A chunk is one ``.npy`` file per column, ``chunks/<name>.<column>.npy``,
+each with ``rows_alloc`` rows (all chunks share the one ``chunks/`` directory,
+so making a new chunk durable costs one directory fsync). Chunk ``seq`` lives at ring position
 ``seq % positions``; row ``r`` of that chunk is element
 ``position * rows_alloc + r`` of the column's ring array. Only mapped chunks
 may be indexed (the rest of the range is inaccessible reserved space).
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 import stat
 import zlib
 from dataclasses import dataclass
@@ -50,8 +50,18 @@ def columns_for(schema: Schema) -> tuple[Column, ...]:
     return tuple(cols)
 
 
-def chunk_dirname(seq: int) -> str:
+def chunk_name(seq: int) -> str:
     return f"{seq:012d}"
+
+
+def chunk_file(root: str, name: str, column: str) -> str:
+    """Path of one column file of chunk ``name`` (FORMAT.md: ``chunks/<name>.<column>.npy``)."""
+    return os.path.join(root, "chunks", f"{name}.{column}.npy")
+
+
+def chunk_of_file(filename: str) -> str:
+    """The chunk name a file under ``chunks/`` belongs to (``000000000042.obs.npy`` -> ``000000000042``)."""
+    return filename.split(".", 1)[0]
 
 
 def crc32_file_data(path: str) -> int:
@@ -99,27 +109,30 @@ class ChunkRing:
             self._ranges[col.name] = rng
             self.arrays[col.name] = rng.array(col.dtype, (positions * self.rows_alloc, *col.shape), self.writable)
 
-    def chunk_dir(self, name: str) -> str:
-        return os.path.join(self.root, "chunks", name)
-
     def file_path(self, name: str, col: Column) -> str:
-        return os.path.join(self.root, "chunks", name, col.name + ".npy")
+        return chunk_file(self.root, name, col.name)
+
+    def delete_files(self, name: str) -> None:
+        """Unlink a chunk's files (mappings of them, here or in readers, stay valid until unmapped)."""
+        for col in self.columns:
+            try:
+                os.unlink(self.file_path(name, col))
+            except FileNotFoundError:
+                pass
 
     # -- chunk lifecycle --------------------------------------------------------------------------------
     def create_chunk(self, seq: int) -> str:
         """Create (preallocated) files for a new chunk and map them writable. Returns the directory name."""
-        name = chunk_dirname(seq)
+        name = chunk_name(seq)
         try:
-            os.makedirs(self.chunk_dir(name), exist_ok=True)
             for col in self.columns:
                 npyfile.create(self.file_path(name, col), col.dtype, (self.rows_alloc, *col.shape))
-            fsync_path(self.chunk_dir(name))
             fsync_path(os.path.join(self.root, "chunks"))
             self.map_chunk(seq, name, writable=True)
         except BaseException:
             if seq in self.mapped:
                 self.unmap_chunk(seq)
-            shutil.rmtree(self.chunk_dir(name), ignore_errors=True)
+            self.delete_files(name)
             raise
         return name
 
