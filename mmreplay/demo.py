@@ -1,11 +1,20 @@
-"""``mmreplay demo``: the built-in example, end to end on generated Atari-like episodes."""
+"""``mmreplay demo``: the whole story in one command.
+
+Record a few thousand steps of a real Gymnasium env into a store (an Atari game through ``ale-py``
+when it is installed, CartPole with Gymnasium alone, generated Atari-like episodes with neither),
+sample it, save a snapshot, resume from it and check that the resumed store samples exactly what
+the original does, export a dataset, and draw ``show``/``stats`` pictures (with Pillow). Prints
+what it did and where the files are.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,52 +25,175 @@ from .cli import out, progress
 from .store import ReplayStore
 from .synthetic import atari_like_episodes
 
+ENVS = ("auto", "atari", "cartpole", "synthetic")
 
-def cmd_demo(args: argparse.Namespace) -> int:
-    path = args.path or os.path.join(tempfile.mkdtemp(prefix="mmreplay-demo-"), "store")
-    out(f"mmreplay {__version__} demo: a replay store of generated Atari-like episodes (84x84 uint8 frames)")
-    store = ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3, gamma=0.99,
+
+def _have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: a module entry of None in sys.modules (blocked)
+        return False
+
+
+def pick_env(choice: str) -> str:
+    """The env the demo records: ``auto`` is Atari with ale-py, CartPole with Gymnasium, else synthetic."""
+    if choice == "auto":
+        return "atari" if _have("ale_py") and _have("gymnasium") else "cartpole" if _have("gymnasium") else "synthetic"
+    needs = {"atari": ("ale_py", "mmreplay[atari]"), "cartpole": ("gymnasium", "mmreplay[gym]")}
+    if choice in needs and not (_have(needs[choice][0]) and _have("gymnasium")):
+        raise ValueError(f"--env {choice} needs {needs[choice][0]}: pip install '{needs[choice][1]}'")
+    return choice
+
+
+def _record_gym(kind: str, path: str, capacity: int, steps: int, quiet: bool) -> tuple[ReplayStore, str]:
+    """A random policy on a Gymnasium env, recorded by ``RecordToStore``."""
+    import gymnasium as gym
+
+    from .gym import RecordToStore, make_atari
+
+    if kind == "atari":
+        env: Any = make_atari("ALE/Pong-v5", repeat_action_probability=0.0)
+        store = ReplayStore.from_env(env, path, capacity=capacity, stack=4, n_step=3, gamma=0.99, seed=0)
+        label = "ALE/Pong-v5, 84x84 grayscale frames, frame skip 4, stack 4, 3-step returns"
+    else:
+        env = gym.make("CartPole-v1")
+        store = ReplayStore.from_env(env, path, capacity=capacity, stack=2, n_step=3, gamma=0.99, seed=0)
+        label = "CartPole-v1, 4 floats per observation, stack 2, 3-step returns"
+    rec = RecordToStore(env, store)
+    rec.action_space.seed(0)
+    rec.reset(seed=0)
+    with progress(steps, "recording", quiet) as bar:
+        for _ in range(steps):
+            _, _, terminated, truncated, _ = rec.step(rec.action_space.sample())
+            if terminated or truncated:
+                rec.reset()
+            bar.update(1)
+    rec.close()
+    return store, label
+
+
+def _record_synthetic(path: str, capacity: int, steps: int, quiet: bool) -> tuple[ReplayStore, str]:
+    store = ReplayStore.create(path, capacity=capacity, obs_shape=(84, 84), stack=4, n_step=3, gamma=0.99,
                                extras={"log_prob": ((), "float32")}, seed=0)
-    t0 = time.perf_counter()
-    steps = 0
-    episodes = 0
-    with progress(args.steps, "recording", args.quiet) as bar:
+    done = 0
+    with progress(steps, "recording", quiet) as bar:
         for ep in atari_like_episodes(10**9, seed=1, min_len=100, max_len=800, time_limit=600):
             store.reset(ep.frames[0])
-            for t in range(ep.length):
-                store.step(ep.actions[t], ep.rewards[t], ep.frames[t + 1], ep.terminated and t == ep.length - 1,
-                           ep.truncated and t == ep.length - 1, log_prob=np.float32(-1.79))
-                steps += 1
-            bar.update(ep.length)
-            episodes += 1
-            if steps >= args.steps:
+            n = min(ep.length, steps - done)
+            for t in range(n):
+                last = t == ep.length - 1
+                store.step(ep.actions[t], ep.rewards[t], ep.frames[t + 1], ep.terminated and last,
+                           ep.truncated and last, log_prob=np.float32(-1.79))
+            done += n
+            bar.update(n)
+            if done >= steps:
                 break
-    t_write = time.perf_counter() - t0
-    store.commit()
+    return store, "generated Atari-like episodes (84x84 uint8, no Gymnasium), stack 4, 3-step returns"
+
+
+def _exporter() -> Callable[..., Any] | None:
+    """``mmreplay.export`` (or ``mmreplay.datasets.export``), if this build has it."""
+    import mmreplay
+
+    found = getattr(mmreplay, "export", None)
+    if found is None:
+        try:
+            from . import datasets
+        except ImportError:
+            return None
+        found = getattr(datasets, "export", None)
+    return found if callable(found) else None
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
-    n_batches = 200
-    for _ in range(n_batches):
-        batch = store.sample(32)
-    t_sample = (time.perf_counter() - t0) / n_batches
+    value = fn()
+    return value, time.perf_counter() - t0
+
+
+def _same(a: Any, b: Any) -> bool:
+    return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("index", "obs", "next_obs", "reward"))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    kind = pick_env(args.env)
+    root = args.path or tempfile.mkdtemp(prefix="mmreplay-demo-")
+    os.makedirs(root, exist_ok=True)
+    paths = {name: os.path.join(root, name) for name in ("store", "snapshot", "resumed", "dataset.zarr",
+                                                         "sample.png", "stats.png")}
+    out(f"mmreplay {__version__} demo, files in {root}")
+
+    # 1. record
+    t0 = time.perf_counter()
+    if kind == "synthetic":
+        store, label = _record_synthetic(paths["store"], args.capacity, args.steps, args.quiet)
+    else:
+        store, label = _record_gym(kind, paths["store"], args.capacity, args.steps, args.quiet)
+    t_rec = time.perf_counter() - t0
+    table = store.episodes()
     lo, hi = store.id_range
-    out(f"  wrote {steps} transitions in {episodes} episodes at {steps / t_write:,.0f} steps/s -> {path}")
-    out(f"  ids {lo}..{hi - 1} retained (capacity {store.capacity}); {len(store)} sampleable now")
-    out(f"  sample(32): obs {batch.obs.shape} {batch.obs.dtype}, next_obs {batch.next_obs.shape},"
-         f" reward {batch.reward.dtype}, discount {batch.discount.dtype}; {t_sample * 1e6:,.0f} us per batch")
-    out(f"  first row: id {batch.index[0]}, action {batch.action[0]}, 3-step reward {batch.reward[0]:.3f},"
-         f" discount {batch.discount[0]:.4f}, terminated {bool(batch.terminated[0])}")
-    out(f"  disk {disk_bytes(path) / 2**20:,.1f} MiB, anonymous memory of this process {rss_anon_mb():,.0f} MB")
+    out(f"1. recorded {hi} transitions of {label}")
+    out(f"   {len(table)} episodes ({int(table.ended.sum())} ended) in {t_rec:.1f} s -> {paths['store']}")
+    out(f"   ids {lo}..{hi - 1} retained (capacity {store.capacity}), {len(store)} sampleable;"
+        f" {disk_bytes(paths['store']) / 2**20:,.1f} MiB on disk, {rss_anon_mb():,.0f} MB anonymous memory")
+
+    # 2. sample
+    n = 200
+    _, t_s = _timed(lambda: [store.sample(32) for _ in range(n)])
+    batch = store.sample(32)
+    out(f"2. sample(32): obs {batch.obs.shape} {batch.obs.dtype}, next_obs {batch.next_obs.shape}, action"
+        f" {batch.action.shape}, reward/discount float32; {t_s / n * 1e6:,.0f} us per batch")
+    out(f"   row 0: id {batch.index[0]}, action {batch.action[0]}, 3-step reward {batch.reward[0]:.3f},"
+        f" discount {batch.discount[0]:.4f}, terminated {bool(batch.terminated[0])}")
+
+    # 3. snapshot, then resume from it: the resumed store samples what the original samples next
+    _, t_save = _timed(lambda: store.save(paths["snapshot"]))
+    ahead = [store.sample(32) for _ in range(3)]
+    resumed, t_load = _timed(lambda: ReplayStore.load(paths["snapshot"], paths["resumed"]))
+    again = [resumed.sample(32) for _ in range(3)]
+    same = all(_same(a, b) for a, b in zip(ahead, again, strict=True))
+    out(f"3. save() {t_save * 1e3:,.0f} ms -> {paths['snapshot']}; load() {t_load * 1e3:,.0f} ms ->"
+        f" {paths['resumed']}")
+    out(f"   the resumed store hands out the same next batches as the original: {same}")
+    resumed.close()
+    store.commit()
+
+    # 4. export (the last commit: complete episodes only)
+    export = _exporter()
+    if export is None:
+        out("4. export: not available in this build")
+    else:
+        result, t_exp = _timed(lambda: export(store, paths["dataset.zarr"], format="zarr", progress=not args.quiet))
+        summary = result.summary() if hasattr(result, "summary") else str(result)
+        out(f"4. exported in {t_exp:.1f} s: {summary}")
+
+    # 5. pictures
+    from .viz import show_image, stats_image, stats_text, store_stats
+
+    s = store_stats(store)
+    starts = table.first_id[table.start_retained & (table.first_id >= 0) & (table.length >= store.schema.n_step)]
+    ids = np.concatenate([starts[:1], np.sort(store.sample(3).index)]) if starts.size else store.sample(4).index
+    try:
+        show_image(store, store.gather(ids)).save(paths["sample.png"])
+        stats_image(s).save(paths["stats.png"])
+        out(f"5. pictures: {paths['sample.png']} (rows {', '.join(map(str, ids.tolist()))}; the first one starts an"
+            f" episode: its padding is outlined), {paths['stats.png']}")
+    except ImportError as exc:
+        out(f"5. pictures skipped: {exc}")
+    for line in stats_text(s)[1:]:
+        out("   " + line)
     store.close()
-    with ReplayStore.open(path, mode="r") as again:
-        out(f"  reopened read-only: {len(again)} sampleable, same ids {again.id_range == (lo, hi)}")
+    out(f"next: mmreplay info {paths['store']}; mmreplay show {paths['store']} --out sample.png;"
+        f" mmreplay stats {paths['store']}")
     return 0
 
 
-
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    d = sub.add_parser("demo", parents=[common], help="build a store from generated Atari-like episodes, sample it,"
-                       " summarize")
-    d.add_argument("path", nargs="?", help="where to create the store (default: a new temporary directory)")
-    d.add_argument("--steps", type=int, default=5000)
-    d.add_argument("--capacity", type=int, default=4000)
+    d = sub.add_parser("demo", parents=[common], help="record a real env (or generated episodes), sample, save,"
+                       " resume, export, draw; print where everything is")
+    d.add_argument("path", nargs="?", help="directory for the demo's files (default: a new temporary directory)")
+    d.add_argument("--env", choices=ENVS, default="auto", help="auto: Atari with ale-py, CartPole with"
+                   " gymnasium, else generated episodes")
+    d.add_argument("--steps", type=int, default=3000, help="environment steps to record (default: 3000)")
+    d.add_argument("--capacity", type=int, default=10_000, help="store capacity in transitions (default: 10000)")
     d.set_defaults(func=cmd_demo)

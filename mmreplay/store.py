@@ -436,6 +436,12 @@ class ReplayStore(WriterMixin):
         prio.beta = float(state["beta"])
         self._skipped_updates = int(state["skipped_updates"])
 
+    def sampleable_ids(self) -> np.ndarray:
+        """The ids of every transition that can be sampled now (sorted int64)."""
+        self._check_open()
+        self._sync()
+        return self._valid_ids()
+
     def gather(self, index: Any) -> Batch:
         """The rows of the given transition ids (e.g. ``batch.index``), exactly as ``sample`` returns them.
 

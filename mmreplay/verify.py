@@ -37,7 +37,7 @@ def verify_store(path: str) -> list[str]:
         return [f"{mpath}: unreadable schema or counters ({exc!r})"]
     problems: list[str] = []
     rs = schema.rows_per_stream
-    shape_rows = schema.rows_alloc
+    shape_rows = schema.chunk_size
     expected_first = int(chunks[0]["first_id"]) if chunks else next_id
     for i, c in enumerate(chunks):
         if i and int(c["seq"]) != int(chunks[i - 1]["seq"]) + 1:

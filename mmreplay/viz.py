@@ -1,10 +1,425 @@
-"""Pictures of a store (``show``, ``stats``): registered here."""
+"""Pictures of a store: ``mmreplay show`` (sampled rows as frames) and ``mmreplay stats`` (episodes, priorities).
+
+``show`` draws one line per transition: the stacked ``obs`` frames (oldest first), an arrow, the
+stacked ``next_obs`` frames, and under them the id, env, step in the episode, action, n-step reward,
+discount, flags and extras. Frames that lie before the episode's first observation (stack padding:
+zeros or a repeated first frame, per the store's ``pad``) get an orange border, and their row an
+orange tint - a stacking bug shows at a glance. Image observations (``(H, W)``, ``(H, W, C)`` or
+``(C, H, W)`` with C in 1, 3, 4) are drawn as pictures; vectors (up to 64 values) as bar charts.
+
+``stats`` reports the episodes' returns and lengths over time, the priority distribution
+(prioritized stores) and how much of the store is sampleable, as text and as a picture.
+
+Pictures need Pillow (``pip install 'mmreplay[image]'``), imported only when a picture is made.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+
+from .batch import Batch
+from .cli import out
+from .episodes import EpisodeTable
+from .store import ReplayStore
+
+__all__ = ["stack_padding", "show_image", "StoreStats", "store_stats", "stats_text", "stats_image"]
+
+PAD_COLOR = (255, 140, 0)
+PAD_TINT = (255, 236, 214)
+INK = (20, 20, 20)
+MARGIN, GAP, ARROW, HEADER, LINE_H, ROW_GAP = 8, 2, 28, 34, 15, 8
+STATS_SIZE = (960, 720)
+MAX_BARS = 64
+
+
+def _pil() -> Any:
+    """Pillow's ``Image``/``ImageDraw``/``ImageFont``, or an ImportError naming the extra."""
+    try:
+        from PIL import Image, ImageDraw, ImageFont
+    except ImportError:
+        raise ImportError("pictures need Pillow: pip install 'mmreplay[image]'") from None
+    return Image, ImageDraw, ImageFont
+
+
+def _font(size: int = 12) -> Any:
+    return _pil()[2].load_default(size=size)
+
+
+# -- which frames are padding ---------------------------------------------------------------------------
+def _locate(table: EpisodeTable, num_envs: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each transition id: its episode (index into ``table``), its env, and its step ``t`` in the episode
+    (-1 when the episode's first observation is no longer retained).
+
+    Ids are handed out row by row, env by env, to every frame row that is not an episode start, so
+    numbering the transition cells of the retained rows in that order and anchoring the numbers at
+    one known ``first_id`` recovers each id's row.
+    """
+    r0 = int(table.first_row.min())
+    r1 = int((table.first_row + table.length).max()) + 1
+    has = np.ones((r1 - r0, num_envs), np.bool_)
+    starts = table.start_retained
+    has[table.first_row[starts] - r0, table.stream[starts]] = False
+    cells = np.flatnonzero(has.ravel())
+    anchor = int(np.flatnonzero(table.first_id >= 0)[0])
+    anchor_cell = (int(table.first_row[anchor]) + 1 - r0) * num_envs + int(table.stream[anchor])
+    offset = int(table.first_id[anchor]) - int(np.searchsorted(cells, anchor_cell))
+    cell = cells[ids - offset]
+    row, stream = cell // num_envs + r0, cell % num_envs
+    big = r1 + 1
+    ep = np.searchsorted(table.stream * big + table.first_row, stream * big + row, side="right") - 1
+    t = np.where(table.start_retained[ep], row - table.first_row[ep] - 1, -1)
+    return ep, stream, t
+
+
+def stack_padding(store: ReplayStore, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(obs_pad, next_pad, env, t)`` for sampleable ids: ``(B, k)`` bools marking the stack frames that lie
+    before the episode's first observation, each row's env, and its step in the episode (-1 if unknown)."""
+    ids = np.asarray(ids, np.int64)
+    sch = store.schema
+    k, n = sch.stack, sch.n_step
+    table = store.episodes()
+    ep, env, t = _locate(table, sch.num_envs, ids)
+    m = np.minimum(n, table.length[ep] - t)
+    j = np.arange(k)[None, :] - (k - 1)
+    known = (t >= 0)[:, None]
+    obs_pad = known & (t[:, None] + j < 0)
+    next_pad = known & ((t + m)[:, None] + j < 0)
+    return obs_pad, next_pad, env, t
+
+
+# -- show ------------------------------------------------------------------------------------------------
+def _frame_kind(shape: tuple[int, ...]) -> str:
+    if len(shape) == 2:
+        return "gray"
+    if len(shape) == 3 and shape[2] in (1, 3, 4):
+        return "hwc"
+    if len(shape) == 3 and shape[0] in (1, 3, 4):
+        return "chw"
+    if int(np.prod(shape)) <= MAX_BARS:
+        return "bars"
+    raise ValueError(f"show: cannot draw observations of shape {shape} (images (H, W), (H, W, C), (C, H, W),"
+                     f" or vectors of at most {MAX_BARS} values); use store.gather() to look at them")
+
+
+def _as_pixels(frames: np.ndarray, kind: str) -> np.ndarray:
+    """``(..., H, W[, C])`` uint8 pixels of image frames; other dtypes are scaled to 0..255 over all frames."""
+    if kind == "chw":
+        frames = np.moveaxis(frames, -3, -1)
+    if frames.dtype != np.uint8:
+        f = frames.astype(np.float64)
+        lo, hi = float(np.nanmin(f)), float(np.nanmax(f))
+        frames = np.rint((f - lo) / (hi - lo if hi > lo else 1.0) * 255).astype(np.uint8)
+    if frames.ndim >= 3 and frames.shape[-1] == 1 and kind != "gray":
+        frames = frames[..., 0]
+    return frames
+
+
+def _tile_size(shape: tuple[int, ...], kind: str) -> tuple[int, int]:
+    if kind == "bars":
+        return 96, 96
+    h, w = (shape[1], shape[2]) if kind == "chw" else (shape[0], shape[1])
+    scale = max(1, round(96 / max(h, w)))
+    return h * scale, w * scale
+
+
+def _fmt(value: Any) -> str:
+    a = np.asarray(value)
+    if a.ndim == 0:
+        return f"{a.item():.4g}" if a.dtype.kind == "f" else str(a.item())
+    return np.array2string(a, precision=3, separator=",", threshold=8)
+
+
+def _draw_bars(draw: Any, x: int, y: int, size: tuple[int, int], values: np.ndarray, scale: float) -> None:
+    h, w = size
+    v = values.astype(np.float64).ravel()
+    mid = y + h // 2
+    draw.line([(x, mid), (x + w - 1, mid)], fill=(150, 150, 150))
+    bw = max(1, (w - 4) // v.size)
+    for i, val in enumerate(v):
+        bh = int(round((h // 2 - 2) * (val / scale if scale > 0 else 0.0)))
+        x0 = x + 2 + i * bw
+        y0, y1 = (mid - bh, mid) if bh >= 0 else (mid, mid - bh)
+        draw.rectangle([x0, y0, x0 + max(bw - 2, 0), y1], fill=(60, 110, 200) if val >= 0 else (200, 70, 60))
+
+
+def _row_lines(store: ReplayStore, batch: Batch, r: int, env: int, t: int, kind: str) -> list[str]:
+    sch = store.schema
+    step = f"t={t}" if t >= 0 else "t=?"
+    extras = "  ".join(f"{name} {_fmt(v[r])}" for name, v in batch.extras.items())
+    lines = [f"id {int(batch.index[r])}  env {env}  {step}  action {_fmt(batch.action[r])}" +
+             (f"  {extras}" if extras else ""),
+             f"{sch.n_step}-step reward {batch.reward[r]:.4g}  discount {batch.discount[r]:.4g}  terminated"
+             f" {bool(batch.terminated[r])}  truncated {bool(batch.truncated[r])}  weight {batch.weight[r]:.3g}"]
+    if kind == "bars":
+        lines.append(f"obs[-1] {_fmt(batch.obs[r, -1])}  next_obs[-1] {_fmt(batch.next_obs[r, -1])}")
+    return lines
+
+
+def show_image(store: ReplayStore, batch: Batch) -> Any:
+    """A PIL image of ``batch``'s rows (see the module docstring for the layout).
+
+    Width: ``2 * MARGIN + 2 * (k * tile_w + (k - 1) * GAP) + ARROW`` (wider if a text line needs it);
+    height: ``HEADER + rows * (tile_h + text + ROW_GAP)``.
+    """
+    Image, ImageDraw, _ = _pil()
+    sch = store.schema
+    k, shape = sch.stack, sch.obs_shape
+    kind = _frame_kind(shape)
+    th, tw = _tile_size(shape, kind)
+    obs_pad, next_pad, env, t = stack_padding(store, batch.index)
+    font, small = _font(12), _font(10)
+    header = [f"{store.path}: obs {shape} {sch.obs_dtype}, stack {k} (pad {sch.pad!r}), n_step {sch.n_step},"
+              f" gamma {sch.gamma}",
+              "obs (oldest frame first) -> next_obs; orange border: padding before the episode start"]
+    texts = [_row_lines(store, batch, r, int(env[r]), int(t[r]), kind) for r in range(len(batch))]
+    block = k * tw + (k - 1) * GAP
+    text_w = max([font.getlength(line) for rows in texts for line in rows] + [font.getlength(header[0])])
+    width = max(2 * MARGIN + 2 * block + ARROW, int(text_w) + 2 * MARGIN)
+    text_h = LINE_H * len(texts[0]) + 4 if texts else 0
+    row_h = th + text_h + ROW_GAP
+    img = Image.new("RGB", (width, HEADER + len(batch) * row_h), "white")
+    draw = ImageDraw.Draw(img)
+    draw.text((MARGIN, 4), header[0], fill=INK, font=font)
+    draw.text((MARGIN, 18), header[1], fill=PAD_COLOR, font=small)
+    both = np.stack([batch.obs, batch.next_obs], axis=1)  # (B, 2, k, *shape)
+    pixels = None if kind == "bars" else _as_pixels(both, kind)
+    scale = float(np.abs(both.astype(np.float64)).max()) if kind == "bars" else 0.0
+    for r in range(len(batch)):
+        y = HEADER + r * row_h
+        pads = (obs_pad[r], next_pad[r])
+        if pads[0].any() or pads[1].any():
+            draw.rectangle([0, y - ROW_GAP // 2, width, y + th + text_h + ROW_GAP // 2 - 1], fill=PAD_TINT)
+        for half in range(2):
+            x0 = MARGIN + half * (block + ARROW)
+            for j in range(k):
+                x = x0 + j * (tw + GAP)
+                if pixels is None:
+                    draw.rectangle([x, y, x + tw - 1, y + th - 1], fill=(245, 245, 245))
+                    _draw_bars(draw, x, y, (th, tw), both[r, half, j], scale)
+                else:
+                    p = pixels[r, half, j]
+                    tile = Image.fromarray(p, "L" if p.ndim == 2 else ("RGBA" if p.shape[-1] == 4 else "RGB"))
+                    img.paste(tile.convert("RGB").resize((tw, th), Image.Resampling.NEAREST), (x, y))
+                if pads[half][j]:
+                    draw.rectangle([x, y, x + tw - 1, y + th - 1], outline=PAD_COLOR, width=3)
+        ay = y + th // 2
+        draw.line([(MARGIN + block + 6, ay), (MARGIN + block + ARROW - 6, ay)], fill=INK, width=2)
+        draw.polygon([(MARGIN + block + ARROW - 6, ay - 4), (MARGIN + block + ARROW - 2, ay),
+                      (MARGIN + block + ARROW - 6, ay + 4)], fill=INK)
+        for i, line in enumerate(texts[r]):
+            draw.text((MARGIN, y + th + 3 + LINE_H * i), line, fill=INK, font=font)
+    return img
+
+
+# -- stats -----------------------------------------------------------------------------------------------
+@dataclass
+class StoreStats:
+    """The numbers ``stats`` reports. Episode arrays cover complete episodes (first observation retained,
+    ended), in the order they started."""
+
+    path: str
+    capacity: int
+    id_range: tuple[int, int]
+    sampleable: int
+    episodes: int
+    open_episodes: int
+    terminated: int
+    truncated: int
+    returns: np.ndarray
+    lengths: np.ndarray
+    priorities: np.ndarray | None
+    max_priority: float | None
+
+    @property
+    def retained(self) -> int:
+        return self.id_range[1] - self.id_range[0]
+
+
+def store_stats(store: ReplayStore) -> StoreStats:
+    table = store.episodes()
+    done = table.complete
+    order = np.argsort(table.first_row[done], kind="stable")
+    prios = max_p = None
+    if store.schema.prioritized is not None:
+        ids = store.sampleable_ids()
+        prios = store.priorities(ids) if ids.size else np.zeros(0)
+        max_p = store.max_priority
+    return StoreStats(store.path, store.capacity, store.id_range, len(store), len(table),
+                      int((~table.ended).sum()), int(table.terminated.sum()), int(table.truncated.sum()),
+                      table.returns[done][order], table.length[done][order], prios, max_p)
+
+
+def _summary(a: np.ndarray, fmt: str = ".4g") -> str:
+    if a.size == 0:
+        return "-"
+    return (f"mean {a.mean():{fmt}}, min {a.min():{fmt}}, median {np.median(a):{fmt}}, max {a.max():{fmt}}")
+
+
+def stats_text(s: StoreStats) -> list[str]:
+    lo, hi = s.id_range
+    frac = s.sampleable / s.retained if s.retained else 0.0
+    lines = [
+        f"store         {s.path}",
+        f"transitions   {s.retained:,} retained (ids {lo}..{hi - 1}), {s.sampleable:,} sampleable ="
+        f" {frac:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity {s.capacity:,}",
+        f"episodes      {s.episodes:,} with retained frames: {s.terminated:,} terminated, {s.truncated:,}"
+        f" truncated, {s.open_episodes:,} open; {s.returns.size:,} complete",
+        f"returns       {_summary(s.returns)}" + (f"; last 10: mean {s.returns[-10:].mean():.4g}"
+                                                  if s.returns.size else ""),
+        f"lengths       {_summary(s.lengths.astype(np.float64), '.1f')}",
+    ]
+    if s.priorities is None:
+        lines.append("priorities    - (uniform sampling)")
+    else:
+        lines.append(f"priorities    {_summary(s.priorities)}; max ever {s.max_priority:.4g}")
+    return lines
+
+
+def _panel(draw: Any, box: tuple[int, int, int, int], title: str, font: Any) -> tuple[int, int, int, int]:
+    x0, y0, x1, y1 = box
+    draw.rectangle(box, outline=(200, 200, 200))
+    draw.text((x0 + 8, y0 + 6), title, fill=INK, font=font)
+    return x0 + 52, y0 + 28, x1 - 12, y1 - 24  # the plotting area, leaving room for tick labels
+
+
+def _axes(draw: Any, area: tuple[int, int, int, int], xr: tuple[float, float], yr: tuple[float, float],
+          font: Any, integer_x: bool = False) -> None:
+    x0, y0, x1, y1 = area
+    draw.line([(x0, y0), (x0, y1), (x1, y1)], fill=INK)
+    for frac in (0.0, 0.5, 1.0):
+        yv = yr[0] + frac * (yr[1] - yr[0])
+        yy = y1 - frac * (y1 - y0)
+        draw.text((area[0] - 48, yy - 6), f"{yv:.3g}", fill=INK, font=font)
+        xv = xr[0] + frac * (xr[1] - xr[0])
+        label = f"{xv:.0f}" if integer_x else f"{xv:.3g}"
+        draw.text((x0 + frac * (x1 - x0) - 8, y1 + 4), label, fill=INK, font=font)
+
+
+def _series(draw: Any, area: tuple[int, int, int, int], ys: np.ndarray, color: tuple[int, int, int],
+            font: Any) -> None:
+    x0, y0, x1, y1 = area
+    if ys.size == 0:
+        draw.text((x0 + 10, y0 + 10), "no complete episode yet", fill=INK, font=font)
+        return
+    lo, hi = float(ys.min()), float(ys.max())
+    if hi == lo:
+        lo, hi = lo - 1, hi + 1
+    _axes(draw, area, (0, max(ys.size - 1, 1)), (lo, hi), font, integer_x=True)
+    xs = x0 + np.arange(ys.size) * (x1 - x0) / max(ys.size - 1, 1)
+    py = y1 - (ys - lo) / (hi - lo) * (y1 - y0)
+    for x, y in zip(xs.tolist(), py.tolist(), strict=True):
+        draw.ellipse([x - 1.5, y - 1.5, x + 1.5, y + 1.5], fill=color)
+    w = max(1, ys.size // 20)
+    if ys.size > w > 1:
+        avg = np.convolve(ys, np.ones(w) / w, mode="valid")
+        pts = list(zip(xs[w - 1:].tolist(), (y1 - (avg - lo) / (hi - lo) * (y1 - y0)).tolist(), strict=True))
+        draw.line(pts, fill=INK, width=2)
+
+
+def _histogram(draw: Any, area: tuple[int, int, int, int], values: np.ndarray, font: Any) -> None:
+    x0, y0, x1, y1 = area
+    counts, edges = np.histogram(values, bins=40)
+    _axes(draw, area, (float(edges[0]), float(edges[-1])), (0, float(counts.max())), font)
+    bw = (x1 - x0) / counts.size
+    for i, c in enumerate(counts.tolist()):
+        h = c / counts.max() * (y1 - y0)
+        draw.rectangle([x0 + i * bw + 1, y1 - h, x0 + (i + 1) * bw - 1, y1], fill=(120, 80, 180))
+
+
+def stats_image(s: StoreStats) -> Any:
+    """A ``STATS_SIZE`` PIL image: returns, lengths, priorities, and the store's fill."""
+    Image, ImageDraw, _ = _pil()
+    w, h = STATS_SIZE
+    img = Image.new("RGB", STATS_SIZE, "white")
+    draw = ImageDraw.Draw(img)
+    font, small = _font(13), _font(10)
+    draw.text((10, 6), f"mmreplay stats: {s.path}", fill=INK, font=font)
+    top, hw, hh = 28, w // 2, (h - 28) // 2
+    boxes = [(4, top, hw - 4, top + hh - 4), (hw + 4, top, w - 4, top + hh - 4),
+             (4, top + hh + 4, hw - 4, h - 4), (hw + 4, top + hh + 4, w - 4, h - 4)]
+    _series(draw, _panel(draw, boxes[0], f"episode returns ({s.returns.size} complete, in start order)", font),
+            s.returns.astype(np.float64), (40, 120, 200), small)
+    _series(draw, _panel(draw, boxes[1], "episode lengths (transitions)", font), s.lengths.astype(np.float64),
+            (40, 160, 90), small)
+    area = _panel(draw, boxes[2], "priorities of sampleable transitions", font)
+    if s.priorities is None or s.priorities.size == 0:
+        draw.text((area[0], area[1] + 10), "uniform store: no priorities" if s.priorities is None else
+                  "nothing sampleable", fill=INK, font=font)
+    else:
+        _histogram(draw, area, s.priorities, small)
+    x0, y0, x1, y1 = _panel(draw, boxes[3], "store", font)
+    x0 -= 40
+    full = max(s.capacity, s.retained, 1)
+    for i, (label, value, color) in enumerate((("capacity", s.capacity, (190, 190, 190)),
+                                               ("retained", s.retained, (90, 140, 210)),
+                                               ("sampleable", s.sampleable, (60, 170, 90)))):
+        y = y0 + 10 + i * 40
+        draw.rectangle([x0, y, x0 + (x1 - x0) * value / full, y + 24], fill=color)
+        draw.text((x0 + 6, y + 6), f"{label} {value:,}", fill=INK, font=font)
+    frac = s.sampleable / s.retained if s.retained else 0.0
+    draw.text((x0, y0 + 135), f"sampleable: {frac:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity",
+              fill=INK, font=font)
+    draw.text((x0, y0 + 155), f"episodes: {s.terminated} terminated, {s.truncated} truncated,"
+              f" {s.open_episodes} open", fill=INK, font=font)
+    return img
+
+
+# -- commands --------------------------------------------------------------------------------------------
+def _no_pillow(command: str, exc: ImportError) -> int:
+    sys.stderr.write(f"mmreplay {command}: error: {exc}\n")
+    return 1
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    try:
+        _pil()
+    except ImportError as exc:
+        return _no_pillow("show", exc)
+    with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:
+        if args.ids:
+            batch = store.gather(np.asarray(args.ids, np.int64))
+        else:
+            n = min(args.rows, len(store))
+            if n == 0:
+                raise ValueError(f"{args.path} has no sampleable transition yet")
+            batch = store.sample(n, replace=store.schema.prioritized is not None)
+        img = show_image(store, batch)
+    img.save(args.out)
+    out(f"wrote {args.out} ({img.width}x{img.height}): ids {', '.join(str(int(i)) for i in batch.index)}")
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    with ReplayStore.open(args.path, mode="r") as store:
+        s = store_stats(store)
+    for line in stats_text(s):
+        out(line)
+    if args.out:
+        try:
+            img = stats_image(s)
+        except ImportError as exc:
+            return _no_pillow("stats", exc)
+        img.save(args.out)
+        out(f"wrote {args.out} ({img.width}x{img.height})")
+    return 0
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    """No picture commands yet."""
+    s = sub.add_parser("show", parents=[common], help="a PNG of sampled rows: stacked obs -> next_obs frames with"
+                       " action, reward, discount, flags (padding highlighted)")
+    s.add_argument("path")
+    s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
+    s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: a sample)")
+    s.add_argument("--rows", type=int, default=4, help="rows to sample when --ids is not given (default: 4)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    s.set_defaults(func=cmd_show)
+    t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"
+                       " fraction (text, and a PNG with --out)")
+    t.add_argument("path")
+    t.add_argument("--out", help="also draw the numbers into this PNG")
+    t.set_defaults(func=cmd_stats)

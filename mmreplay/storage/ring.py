@@ -1,8 +1,10 @@
 """Chunk files of every column, mapped into one ring-shaped array per column.
 
 A chunk is one ``.npy`` file per column, ``chunks/<name>.<column>.npy``,
-each with ``rows_alloc`` rows (all chunks share the one ``chunks/`` directory,
-so making a new chunk durable costs one directory fsync). Chunk ``seq`` lives at ring position
+each with ``chunk_size`` rows (all chunks share the one ``chunks/`` directory,
+so making a new chunk durable costs one directory fsync). In the ring each
+chunk gets a stride of ``rows_alloc`` rows (``chunk_size`` rounded up to 4096,
+so every column's stride is whole pages); only the file's own pages are mapped. Chunk ``seq`` lives at ring position
 ``seq % positions``; row ``r`` of that chunk is element
 ``position * rows_alloc + r`` of the column's ring array. Only mapped chunks
 may be indexed (the rest of the range is inaccessible reserved space).
@@ -21,7 +23,7 @@ import numpy as np
 from ..errors import CorruptStoreError
 from ..options import Schema
 from . import npyfile
-from .vmem import VirtualRange
+from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
 REWARD_DTYPE = np.dtype("<f4")
@@ -100,7 +102,12 @@ class ChunkRing:
 
     # -- geometry ---------------------------------------------------------------------------------------
     def _chunk_bytes(self, col: Column) -> int:
+        """The ring's stride per chunk for a column (whole pages)."""
         return self.rows_alloc * col.row_bytes
+
+    def _file_bytes(self, col: Column) -> int:
+        """The mapped extent of a chunk file's data: its rows, rounded up to whole pages."""
+        return -(-self.schema.chunk_size * col.row_bytes // PAGE) * PAGE
 
     def _allocate(self, positions: int) -> None:
         self.positions = positions
@@ -126,7 +133,7 @@ class ChunkRing:
         name = chunk_name(seq)
         try:
             for col in self.columns:
-                npyfile.create(self.file_path(name, col), col.dtype, (self.rows_alloc, *col.shape))
+                npyfile.create(self.file_path(name, col), col.dtype, (self.schema.chunk_size, *col.shape))
             fsync_path(os.path.join(self.root, "chunks"))
             self.map_chunk(seq, name, writable=True)
         except BaseException:
@@ -147,9 +154,11 @@ class ChunkRing:
             except FileNotFoundError:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             try:
-                npyfile.check(path, col.dtype, (self.rows_alloc, *col.shape), fd)
-                cb = self._chunk_bytes(col)
-                self._ranges[col.name].map_file(pos * cb, fd, npyfile.HEADER_BYTES, cb, writable)
+                npyfile.check(path, col.dtype, (self.schema.chunk_size, *col.shape), fd)
+                # Only the file's pages are mapped; the rest of the chunk's stride stays reserved.
+                # Slots never index rows at or past chunk_size, so nothing reads beyond the file.
+                self._ranges[col.name].map_file(pos * self._chunk_bytes(col), fd, npyfile.HEADER_BYTES,
+                                                self._file_bytes(col), writable)
             finally:
                 os.close(fd)
         self.mapped[seq] = name
@@ -178,8 +187,7 @@ class ChunkRing:
         """Make a full chunk's mappings read-only: nothing may write a sealed chunk again."""
         pos = seq % self.positions
         for col in self.columns:
-            cb = self._chunk_bytes(col)
-            self._ranges[col.name].protect_readonly(pos * cb, cb)
+            self._ranges[col.name].protect_readonly(pos * self._chunk_bytes(col), self._file_bytes(col))
         self._rw.discard(seq)
 
     def finish_seal(self, seq: int) -> dict[str, int]:
@@ -192,8 +200,8 @@ class ChunkRing:
         pos = seq % self.positions
         crcs = {}
         for col in self.columns:
-            cb = self._chunk_bytes(col)
-            crcs[col.name] = zlib.crc32(self._ranges[col.name].bytes_view(pos * cb, cb).data)
+            view = self._ranges[col.name].bytes_view(pos * self._chunk_bytes(col), self.schema.chunk_size * col.row_bytes)
+            crcs[col.name] = zlib.crc32(view.data)
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
 

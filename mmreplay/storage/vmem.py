@@ -113,7 +113,8 @@ class VirtualRange:
 
     def bytes_view(self, offset: int, length: int) -> np.ndarray:
         """Read-only uint8 view of ``length`` bytes at ``offset`` (which must be mapped)."""
-        self._check(offset, length)
+        if self.addr == 0 or offset < 0 or offset + length > self.nbytes:
+            raise ValueError(f"bad range offset={offset} length={length} (size {self.nbytes})")
         arr = np.frombuffer(cast(Any, self._buf), dtype=np.uint8, count=length, offset=offset)
         arr.flags.writeable = False
         return arr
