@@ -85,6 +85,7 @@ class ReplayStore(WriterMixin):
         self._attach(manifest)
         if mode == "r+":
             self._log.remove_strays()
+            _WRITERS.add(self)
 
     def _attach(self, manifest: dict[str, Any]) -> None:
         """Map the chunks a manifest lists and rebuild everything derived from them (open and refresh)."""
@@ -729,6 +730,8 @@ class ReplayStore(WriterMixin):
         self._check_open()
         if self._mode != "r+":
             raise ReadOnlyStoreError(f"the store {self._path} is open read-only (mode='r'); open it with mode='r+'")
+        if isinstance(self._failed, ReadOnlyStoreError):
+            raise self._failed
         if self._failed is not None:
             raise ReadOnlyStoreError(
                 f"the store {self._path} turned read-only after a disk error ({self._failed}); free space or fix"
@@ -738,6 +741,29 @@ class ReplayStore(WriterMixin):
         self._failed = exc
         return StoreIOError(exc.errno, f"{doing} in {self._path} failed: {exc.strerror or exc}; the store is now"
                             " read-only (sampling still works); free space or fix the disk, then reopen it")
+
+
+_WRITERS: weakref.WeakSet[ReplayStore] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (e.g. a DataLoader worker) must not write through its parent's writer.
+
+    Its copy of the lock descriptor is closed (the parent keeps the lock) and the store turns
+    read-only in the child: sampling from the inherited mappings still works.
+    """
+    for store in list(_WRITERS):
+        if store._lock_fd is not None:
+            try:
+                os.close(store._lock_fd)
+            except OSError:
+                pass
+            store._lock_fd = None
+        store._failed = ReadOnlyStoreError(
+            "this store was opened for writing in the parent process; open it in the child with mode='r'")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _take_lock(path: str) -> int:

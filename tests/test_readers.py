@@ -138,3 +138,34 @@ def test_reader_processes_while_a_writer_appends(tmp_path):
     assert all(rows > 0 for rows, _ in results)
     assert sum(refreshes for _, refreshes in results) > 0
     assert os.path.exists(os.path.join(path, "manifest.json"))
+
+
+def test_forked_child_cannot_write_through_the_parents_writer(tmp_path):
+    path = str(tmp_path / "s")
+    _create(path)
+    w = mr.ReplayStore.open(path)
+    Stream(w).steps(100, commit_every=50)
+    r_fd, w_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: reading works, writing is refused, the parent's lock is untouched
+        code = 0
+        try:
+            check_rows(w.sample(8))
+            try:
+                w.step(0, 0.0, _frame(0, 0, 0), False, False)
+                code = 1
+            except mr.ReadOnlyStoreError as exc:
+                code = 0 if "parent process" in str(exc) else 2
+        except BaseException:
+            code = 3
+        os.write(w_fd, bytes([code]))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r_fd, 1) == b"\x00"
+    Stream(w).steps(10)  # the parent still writes
+    w.close()
+    try:
+        mr.ReplayStore.open(path).close()  # and its lock was released by close(), not kept by the child
+    finally:
+        os.close(r_fd)
+        os.close(w_fd)
