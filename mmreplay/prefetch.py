@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
+from .index import Plan
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Draw:
     weight: np.ndarray | None
     rng_before: dict[str, Any]  # the sampling RNG state just before this draw
     order: int  # position among the store's draws
+    plan: Plan | None = None  # row arithmetic, fixed when drawn
 
 
 class BatchIterator(Iterator[Batch]):

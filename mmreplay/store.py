@@ -32,6 +32,7 @@ from .errors import (
     StoreIOError,
     StoreLockedError,
 )
+from .index import Plan
 from .log import ChunkLog
 from .options import Prioritized, Schema
 from .prefetch import BatchIterator, Draw
@@ -282,13 +283,16 @@ class ReplayStore(WriterMixin):
         self._resume_draws = []
         if self._prefetch_pool is None:
             self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        it = BatchIterator(lambda: self._draw(b, True, beta), self._assemble_draw, self._prefetch_pool,
+        for d in pending:
+            d.plan = self._plan(d.ids)
+        it = BatchIterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw, self._prefetch_pool,
                            int(prefetch), pending)
         self._iterators.add(it)
         return it
 
-    def _draw(self, b: int, replace: bool, beta: float | None) -> Draw:
-        """Choose a batch's ids (and weights): the only consumer of the sampling RNG."""
+    def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
+        """Choose a batch's ids (and weights): the only consumer of the sampling RNG. With ``plan``, also
+        its row arithmetic, fixed now (for a copy made later in another thread)."""
         self._sync()
         log = self._log
         before = dict(self._rng.bit_generator.state)
@@ -301,17 +305,22 @@ class ReplayStore(WriterMixin):
             if log.index.n_valid == 0:
                 uniform.draw(self._rng, 0, 0, 0, self._valid_in_range, self._valid_ids, b, True)  # raises
             slots, weight = self._prio.sample(self._rng, b, use_beta)
-            return Draw(log.index.slot_id[slots], weight, before, self._draws)
+            ids = log.index.slot_id[slots]
+            return Draw(ids, weight, before, self._draws, self._plan(ids) if plan else None)
         if beta is not None:
             raise ValueError("beta= is for prioritized stores; this store samples uniformly")
         ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._valid_in_range,
                            self._valid_ids, b, replace)
-        return Draw(ids, None, before, self._draws)
+        return Draw(ids, None, before, self._draws, self._plan(ids) if plan else None)
 
     def _assemble_draw(self, d: Draw) -> Batch:
-        """Build a drawn batch (in the prefetch thread). Its rows are valid: chunks are never unmapped
-        while a copy is in flight (see ``_drain``)."""
-        return self._assemble(self._slots_of(d.ids), d.ids.copy(), d.weight)
+        """Copy a drawn batch's data (in the prefetch thread). Its plan was made when it was drawn, so
+        nothing here reads the index the writer keeps changing; the rows it reads are written once and
+        stay mapped while a copy is in flight (see ``_drain``)."""
+        if d.plan is None:
+            raise RuntimeError("a prefetched draw has no plan")  # _draw(plan=True) always makes one
+        return assemble(d.plan, self._arrays, d.ids.copy(), self._discounts, self._extra_names, self._reader,
+                        d.weight)
 
     def _sampling_state(self) -> dict[str, Any]:
         """The RNG as of the last batch handed out, plus batches drawn by live iterators but not handed
@@ -716,6 +725,11 @@ class ReplayStore(WriterMixin):
         else:
             why = "is not sampleable (its n-step window is still open, or its stack history was evicted)"
         raise NotSampleableError(f"index[{bad}] = {i} {why}")
+
+    def _plan(self, ids: np.ndarray) -> Plan:
+        """Row arithmetic of valid ids, from the index as it is now (the caller's thread)."""
+        log = self._log
+        return log.index.plan(self._slots_of(ids), log.seq_of_pos, self._gammas)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         log = self._log

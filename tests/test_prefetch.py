@@ -146,3 +146,23 @@ def _ok(s, i):
         return True
     except mr.NotSampleableError:
         return False
+
+
+def test_prefetched_batches_are_planned_when_drawn(tmp_path):
+    """A batch drawn before the writer moves on reflects the store at its draw: writing (even a reset that
+    ends an episode inside a drawn row's window) while it is copied in the background changes nothing."""
+    a = _fill(tmp_path / "a", steps=200)
+    b = _fill(tmp_path / "b", steps=200)
+    it = a.batches(64, prefetch=3)
+    want = [b.sample(64) for _ in range(4)]  # what sample() gives at the moments of the draws
+    got = [next(it)]  # batches 0..3 are drawn now
+    for s in (a,):
+        for t in range(50):
+            if s._ep_open[0]:
+                s.step(0, 0.0, np.full(3, 5000 + t, np.int32), False, False)
+            s.reset(np.full(3, -5000 - t, np.int32))  # ends the episode open at the head
+    got += [next(it) for _ in range(3)]
+    for x, y in zip(got, want, strict=True):
+        _same(x, y)
+    a.close()
+    b.close()
