@@ -88,3 +88,31 @@ def test_long_run_with_many_wraparounds(tmp_path):
     rng = np.random.default_rng(7)
     events = [[int(rng.choice([0] * 12 + [1, 2])) for _ in range(2)] for _ in range(1500)]
     _run(tmp_path, cfg, events, [False] * 1500, check_every=37)
+
+
+def test_ring_grows_when_short_episodes_fill_chunks_with_starts(tmp_path):
+    """One-step episodes put half as many transitions in a chunk as planned: the ring must grow (and the
+    prioritized sum tree with it) while every row stays right."""
+    import mmreplay as mr
+    from helpers import make_pair
+
+    pair = make_pair(str(tmp_path / "s"), capacity=40, stack=2, n_step=2, chunk_size=8,
+                     extras={"lp": ((), "float32"), "vec": ((2,), "int16")}, prioritized=mr.Prioritized())
+    start_positions = pair.store._log.ring.positions
+    for t in range(300):
+        pair.store.reset(o := pair.frame(None))
+        pair.model.reset(o)
+        args = (t % 3, float(t % 5), pair.frame(None), t % 2 == 0, t % 2 == 1)
+        ex = dict(lp=np.float32(t), vec=np.array([t, -t], np.int16))
+        pair.store.step(*args, **ex)
+        pair.model.step(*args, **ex)
+        if t % 50 == 49:
+            assert_same(pair)
+            pair.store.update_priorities(pair.store.sample(8).index, np.arange(8) + 1.0)
+    assert pair.store._log.ring.positions > start_positions  # it did grow
+    n = len(pair.store)
+    assert pair.store._prio.tree.count_positive == n
+    pair.store.close()
+    pair.store = mr.ReplayStore.open(str(tmp_path / "s"))
+    assert_same(pair)
+    pair.store.close()
