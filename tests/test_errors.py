@@ -28,18 +28,10 @@ def store(tmp_path):
 
 
 def _snapshot(s: mr.ReplayStore):
-    ids = np.arange(*s.id_range)
-    valid = [i for i in ids if _ok(s, i)]
+    valid = s.sampleable_ids()
     b = s.gather(np.array(valid))
     return s.id_range, len(s), b.obs.copy(), b.reward.copy(), s.current_obs().copy()
 
-
-def _ok(s, i):
-    try:
-        s.gather([i])
-        return True
-    except mr.NotSampleableError:
-        return False
 
 
 def _same(a, b):
