@@ -7,6 +7,8 @@ from helpers import assert_same, make_pair
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import mmreplay as mr
+
 # An episode event per env and step: 0 continue, 1 terminated, 2 truncated, 3 both flags.
 EVENTS = st.sampled_from([0] * 8 + [1, 2, 3])
 
@@ -93,9 +95,6 @@ def test_long_run_with_many_wraparounds(tmp_path):
 def test_ring_grows_when_short_episodes_fill_chunks_with_starts(tmp_path):
     """One-step episodes put half as many transitions in a chunk as planned: the ring must grow (and the
     prioritized sum tree with it) while every row stays right."""
-    import mmreplay as mr
-    from helpers import make_pair
-
     pair = make_pair(str(tmp_path / "s"), capacity=40, stack=2, n_step=2, chunk_size=8,
                      extras={"lp": ((), "float32"), "vec": ((2,), "int16")}, prioritized=mr.Prioritized())
     start_positions = pair.store._log.ring.positions
