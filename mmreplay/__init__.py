@@ -5,6 +5,7 @@
 """
 
 from .batch import Batch
+from .datasets import DatasetError, DatasetNotFoundError, ExportResult, export, import_dataset
 from .errors import (
     CorruptStoreError,
     EpisodeStateError,
@@ -27,6 +28,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Batch",
+    "DatasetError",
+    "DatasetNotFoundError",
+    "ExportResult",
     "CorruptStoreError",
     "EpisodeStateError",
     "FormatVersionError",
@@ -43,4 +47,6 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "__version__",
+    "export",
+    "import_dataset",
 ]

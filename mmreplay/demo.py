@@ -22,6 +22,7 @@ import numpy as np
 from . import __version__
 from .bench import disk_bytes, rss_anon_mb
 from .cli import out, progress
+from .datasets import export
 from .store import ReplayStore
 from .synthetic import atari_like_episodes
 
@@ -91,20 +92,6 @@ def _record_synthetic(path: str, capacity: int, steps: int, quiet: bool) -> tupl
     return store, "generated Atari-like episodes (84x84 uint8, no Gymnasium), stack 4, 3-step returns"
 
 
-def _exporter() -> Callable[..., Any] | None:
-    """``mmreplay.export`` (or ``mmreplay.datasets.export``), if this build has it."""
-    import mmreplay
-
-    found = getattr(mmreplay, "export", None)
-    if found is None:
-        try:
-            from . import datasets
-        except ImportError:
-            return None
-        found = getattr(datasets, "export", None)
-    return found if callable(found) else None
-
-
 def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     t0 = time.perf_counter()
     value = fn()
@@ -159,13 +146,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     store.commit()
 
     # 4. export (the last commit: complete episodes only)
-    export = _exporter()
-    if export is None:
-        out("4. export: not available in this build")
-    else:
-        result, t_exp = _timed(lambda: export(store, paths["dataset.zarr"], format="zarr", progress=not args.quiet))
-        summary = result.summary() if hasattr(result, "summary") else str(result)
-        out(f"4. exported in {t_exp:.1f} s: {summary}")
+    result, t_exp = _timed(lambda: export(store, paths["dataset.zarr"], format="zarr", progress=not args.quiet))
+    out(f"4. exported in {t_exp:.1f} s: {result.summary()}")
 
     # 5. pictures
     from .viz import show_image, stats_image, stats_text, store_stats

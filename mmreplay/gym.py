@@ -29,6 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("mmreplay.gym needs gymnasium: pip install 'mmreplay[gym]'") from exc
 
+from .datasets.minari_format import space_json
 from .store import ReplayStore
 
 __all__ = ["store_from_env", "RecordToStore", "RecordVectorToStore", "make_atari", "AtariFrames",
@@ -88,7 +89,8 @@ def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, **kwar
     Discrete (``TypeError`` naming the space otherwise). ``kwargs`` are those of
     ``ReplayStore.create`` (``stack``, ``n_step``, ``gamma``, ``extras``, ``seed``, ...); an
     ``obs_dtype``/``action_dtype`` given there overrides the space's (``RecordToStore`` casts
-    to it). ``metadata`` gains ``env_id`` when the env has a spec.
+    to it). ``metadata`` gains ``env_id`` when the env has a spec, and the action space (Minari's JSON
+    form, used by dataset exports) when it is one those exports describe.
     """
     layout = env_layout(env)
     for key in ("obs_shape", "action_shape", "num_envs", "vector"):
@@ -102,6 +104,10 @@ def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, **kwar
     spec = getattr(env, "spec", None)
     if spec is not None and getattr(spec, "id", None):
         metadata.setdefault("env_id", spec.id)
+    try:
+        metadata.setdefault("action_space", space_json(getattr(env, "single_action_space", env.action_space)))
+    except TypeError:
+        pass  # a space exports cannot describe: they infer one from the actions
     return ReplayStore.create(path, capacity, metadata=metadata, **layout, **kwargs)
 
 

@@ -23,8 +23,7 @@ def check_story(tmp_path, text):
     if importlib.util.find_spec("PIL") is not None:
         assert (root / "sample.png").stat().st_size > 1000 and (root / "stats.png").exists()
     assert "sampleable" in text and "returns" in text
-    if demo._exporter() is not None:
-        assert "4. exported" in text and (root / "dataset.zarr").is_dir()
+    assert "4. exported" in text and (root / "dataset.zarr").is_dir()
 
 
 def test_demo_on_generated_episodes(tmp_path, capsys):

@@ -49,7 +49,8 @@ def test_from_env_infers_the_layout(gym, mg, tmp_path):
     envs = gym.make_vec("CartPole-v1", num_envs=3)
     with mg.store_from_env(envs, tmp_path / "vec", capacity=1000, metadata={"run": 7}) as s:
         assert (s.schema.num_envs, s.schema.vector, s.schema.obs_shape) == (3, True, (4,))
-        assert s.metadata == {"run": 7, "env_id": "CartPole-v1"}
+        assert s.metadata == {"run": 7, "env_id": "CartPole-v1",
+                              "action_space": {"type": "Discrete", "dtype": "int64", "start": 0, "n": 2}}
     box = gym.make("Pendulum-v1")
     with mr.ReplayStore.from_env(box, tmp_path / "box", capacity=100) as s:
         assert (s.schema.action_shape, s.schema.action_dtype) == ((1,), np.float32)

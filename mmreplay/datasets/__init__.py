@@ -1,0 +1,187 @@
+"""Offline-RL datasets: export a store's complete episodes, import the datasets people already have.
+
+>>> import mmreplay as mr
+>>> mr.export("replay", "pong.zarr")                                   # mmreplay zarr v3 dataset
+>>> mr.export("replay", "pong.hdf5", format="hdf5")                    # D4RL layout
+>>> mr.export("replay", "~/.minari/datasets", format="minari", dataset_id="mmreplay/pong/random-v0")
+>>> store = mr.import_dataset("Pong/1/replay_logs", "pong-store", format="dqn-replay", suffixes=[1, 2])
+
+Formats (one module each): ``zarr`` (``zarr_format``), ``hdf5``/``d4rl`` (``d4rl``), ``minari``
+(``minari_format``), ``dqn-replay`` (``dqn_replay``, import only). ``describe(path)`` prints
+any of them. Exports stream a piece at a time, read the store as of its last commit and write
+under a temporary name renamed at the end; imports build the store in a temporary directory
+renamed when complete. Errors: ``DatasetError`` (a ``ValueError``) and ``DatasetNotFoundError``
+(a ``FileNotFoundError``), naming the file and key.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import TYPE_CHECKING, Any
+
+from ._common import ExportResult, ProgressArg
+from .errors import DatasetError, DatasetNotFoundError
+
+if TYPE_CHECKING:
+    from ..store import ReplayStore
+
+__all__ = ["export", "import_dataset", "describe", "detect_format", "ExportResult", "DatasetError",
+           "DatasetNotFoundError", "EXPORT_FORMATS", "IMPORT_FORMATS"]
+
+EXPORT_FORMATS = ("zarr", "hdf5", "minari")
+IMPORT_FORMATS = ("dqn-replay", "d4rl", "hdf5", "minari", "zarr")
+_ALIASES = {"d4rl": "hdf5", "h5": "hdf5", "dqn": "dqn-replay", "dopamine": "dqn-replay"}
+
+
+def _user(path: Any) -> Any:
+    """``~`` expanded in local paths (URLs and store objects pass through)."""
+    if isinstance(path, (str, os.PathLike)) and "://" not in os.fspath(path):
+        return os.path.expanduser(os.fspath(path))
+    return path
+
+
+def _norm(fmt: str, allowed: tuple[str, ...], what: str) -> str:
+    if not isinstance(fmt, str):
+        raise TypeError(f"format: expected a string, got {type(fmt).__name__}")
+    f = fmt.lower()
+    canon = _ALIASES.get(f, f)
+    if canon not in {_ALIASES.get(a, a) for a in allowed}:
+        raise ValueError(f"format: {what} supports {', '.join(allowed)}; got {fmt!r}")
+    return canon
+
+
+def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str],
+           format: str = "zarr", *, overwrite: bool = False, progress: ProgressArg = True,
+           **options: Any) -> ExportResult:
+    """Write the complete episodes of a store (as of its last commit) as a dataset; return what was written.
+
+    ``format``:
+
+    - ``"zarr"``: an mmreplay zarr v3 dataset directory at ``out``. Options: ``compression``
+      (``"zstd"`` default, ``"blosc-zstd"``, ``"blosc-lz4"``, ``"gzip"``, ``None``), ``level``,
+      ``chunk_frames`` (32), ``chunk_steps`` (16384), ``shard_bytes`` (32 MiB).
+    - ``"hdf5"`` (alias ``"d4rl"``): one HDF5 file in the D4RL layout. Options: ``compression``
+      (``"gzip"`` default, ``"lzf"``, ``None``), ``level`` (1), ``next_observations`` (False),
+      ``chunk_frames`` (64).
+    - ``"minari"``: ``out`` is a Minari datasets root; ``dataset_id="namespace/name-v0"`` is required.
+      Options: ``compression``, ``level``, ``action_space`` (a Gymnasium space or its Minari JSON),
+      ``minari_metadata`` (extra ``metadata.json`` fields such as ``author`` or ``algorithm_name``).
+
+    Episodes whose first frames were retired from the ring, that are still running, or that have
+    no step are skipped and counted in the result. ``progress``: a tqdm bar (True), none (False),
+    or a ``(total, desc) -> bar`` factory. Raises ``FileExistsError`` if ``out`` exists (unless
+    ``overwrite=True``); a failed export leaves nothing at ``out``.
+    """
+    fmt = _norm(format, EXPORT_FORMATS, "export")
+    store_or_path, out = _user(store_or_path), _user(out)
+    if fmt == "zarr":
+        from .zarr_format import export_zarr
+
+        return _call(export_zarr, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
+    if fmt == "hdf5":
+        from .d4rl import export_hdf5
+
+        return _call(export_hdf5, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
+    from .minari_format import export_minari
+
+    return _call(export_minari, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
+
+
+def import_dataset(src: str | os.PathLike[str], path: str | os.PathLike[str], format: str | None = None, *,
+                   stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
+                   pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
+                   seed: int = 0, progress: ProgressArg = True, **options: Any) -> ReplayStore:
+    """Build a store at ``path`` from a dataset and return it opened (``mode="r+"``).
+
+    ``format``: ``"dqn-replay"`` (a directory of Dopamine replay checkpoints; option ``suffixes``),
+    ``"d4rl"``/``"hdf5"``, ``"minari"`` (the dataset directory, or a datasets root with option
+    ``dataset_id``), ``"zarr"`` (option ``storage_options`` for remote URLs), or ``None`` to detect it.
+    ``stack``/``n_step``/``gamma``/``pad`` default to what the source records, else to the store
+    defaults; ``capacity`` to the source's transition count. Transition ids start at 0, in the
+    source's episode order. The store is built in a temporary directory next to ``path`` and
+    renamed when complete: a failed import leaves nothing at ``path``. Raises ``DatasetError``
+    (a ``ValueError``) or ``DatasetNotFoundError`` (a ``FileNotFoundError``) naming the file and key.
+    """
+    src, path = _user(src), _user(path)
+    if format is not None:
+        fmt = _norm(format, IMPORT_FORMATS, "import")
+    else:
+        fmt = "minari" if options.get("dataset_id") is not None else detect_format(src)
+    kw: dict[str, Any] = dict(stack=stack, n_step=n_step, gamma=gamma, pad=pad, capacity=capacity,
+                              chunk_size=chunk_size, seed=seed, progress=progress, **options)
+    if fmt == "dqn-replay":
+        from .dqn_replay import import_dqn_replay
+
+        return _call(import_dqn_replay, fmt, src, path, **kw)
+    if fmt == "hdf5":
+        from .d4rl import import_d4rl
+
+        return _call(import_d4rl, fmt, src, path, **kw)
+    if fmt == "minari":
+        from .minari_format import import_minari
+
+        return _call(import_minari, fmt, src, path, **kw)
+    from .zarr_format import import_zarr
+
+    return _call(import_zarr, fmt, src, path, **kw)
+
+
+def _call(fn: Any, fmt: str, *args: Any, **kwargs: Any) -> Any:
+    import inspect
+
+    accepted = inspect.signature(fn).parameters
+    unknown = sorted(k for k in kwargs if k not in accepted)
+    if unknown:
+        known = sorted(k for k, p in accepted.items() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+        raise TypeError(f"format {fmt!r} does not take option(s) {', '.join(unknown)}; it takes {', '.join(known)}")
+    return fn(*args, **kwargs)
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """The dataset format at ``path``: ``"zarr"``, ``"minari"``, ``"dqn-replay"`` or ``"hdf5"`` (D4RL)."""
+    p = os.fspath(path)
+    if "://" in p:
+        return "zarr"
+    if not os.path.exists(p):
+        raise DatasetNotFoundError(f"{p}: no such file or directory")
+    if os.path.isdir(p):
+        if os.path.exists(os.path.join(p, "zarr.json")):
+            return "zarr"
+        if os.path.exists(os.path.join(p, "metadata.json")) or os.path.exists(os.path.join(p, "data", "metadata.json")):
+            return "minari"
+        if glob.glob(os.path.join(glob.escape(p), "$store$_*_ckpt.*.gz")):
+            return "dqn-replay"
+        if os.path.exists(os.path.join(p, "manifest.json")):
+            raise DatasetError(f"{p}: is an mmreplay store, not a dataset (use ReplayStore.open)")
+        raise DatasetError(f"{p}: not a recognised dataset directory (expected a zarr group, a Minari dataset"
+                           " or Dopamine replay checkpoints)")
+    with open(p, "rb") as f:
+        head = f.read(8)
+    if head == b"\x89HDF\r\n\x1a\n":
+        return "hdf5"
+    raise DatasetError(f"{p}: not a recognised dataset file (expected HDF5 in the D4RL layout)")
+
+
+def describe(path: str | os.PathLike[str]) -> list[str]:
+    """Lines describing the dataset at ``path`` (any supported format): episodes, steps, returns, shapes.
+
+    Raises ``DatasetError``/``DatasetNotFoundError`` when ``path`` is not a dataset this module reads.
+    """
+    path = _user(path)
+    fmt = detect_format(path)
+    if fmt == "zarr":
+        from .zarr_format import describe_zarr
+
+        return describe_zarr(path)
+    if fmt == "minari":
+        from .minari_format import describe_minari
+
+        return describe_minari(path)
+    if fmt == "dqn-replay":
+        from .dqn_replay import describe_dqn_replay
+
+        return describe_dqn_replay(path)
+    from .d4rl import describe_d4rl
+
+    return describe_d4rl(path)

@@ -1,0 +1,266 @@
+"""What the exporters and importers share.
+
+- Outputs are written under a hidden temporary name next to their final path
+  and renamed into place only when complete (``atomic_output``), so a failed or
+  interrupted export leaves nothing that looks finished.
+- An export reads a store as of its last commit through a fresh read-only
+  view (``open_reader``) and writes its complete episodes (``plan_export``),
+  a piece of at most ``PIECE`` frames or steps at a time.
+(The import side is in ``_importing``.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import secrets
+import shutil
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..episodes import EpisodeSteps, EpisodeTable
+from ..options import Schema
+from ..storage.manifest import fsync_dir
+from ..store import ReplayStore
+from .errors import DatasetNotFoundError
+
+PIECE = 2048  # frames or steps handled at a time: bounds the memory of every column
+ProgressArg = bool | Callable[[int, str], Any] | None
+
+
+# -- progress -----------------------------------------------------------------------------------------
+class _NullBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> _NullBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def progress_bar(progress: ProgressArg, total: int, desc: str) -> Any:
+    """A tqdm bar counting frames (``progress=True``), none (``False``), or ``progress(total, desc)``."""
+    if not progress:
+        return _NullBar()
+    if callable(progress):
+        return progress(total, desc)
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="frame", unit_scale=True, leave=False, file=sys.stderr)
+
+
+# -- results ------------------------------------------------------------------------------------------
+@dataclass
+class ExportResult:
+    """What an export wrote (``path``) and what it left out.
+
+    Exports write complete episodes only: ``skipped_partial`` episodes had lost their
+    first frames (retired from the ring, or imported without them), ``skipped_running``
+    had not ended at the commit exported, ``skipped_empty`` ended without a single step.
+    """
+
+    path: str
+    format: str
+    episodes: int
+    steps: int
+    frames: int
+    skipped_partial: int
+    skipped_running: int
+    skipped_empty: int
+    bytes_on_disk: int = 0
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def skipped(self) -> int:
+        return self.skipped_partial + self.skipped_running + self.skipped_empty
+
+    def summary(self) -> str:
+        skipped = (f"; skipped {self.skipped} episode(s): {self.skipped_partial} partial, "
+                   f"{self.skipped_running} still running, {self.skipped_empty} empty") if self.skipped else ""
+        return (f"{self.format}: {self.episodes:,} episodes, {self.steps:,} steps, {self.frames:,} frames"
+                f" -> {self.path} ({self.bytes_on_disk / 2**20:,.1f} MiB){skipped}")
+
+
+# -- reading a store for export -----------------------------------------------------------------------
+@contextlib.contextmanager
+def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator[ReplayStore]:
+    """A read-only view of the store's last commit (never the uncommitted state of a live writer)."""
+    if isinstance(store_or_path, ReplayStore):
+        path = store_or_path.path
+    elif isinstance(store_or_path, (str, os.PathLike)):
+        path = os.fspath(store_or_path)
+    else:
+        raise TypeError(f"export(): expected a ReplayStore or the path of one, got {type(store_or_path).__name__}")
+    store = ReplayStore.open(path, mode="r")
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@dataclass(frozen=True)
+class ExportPlan:
+    """The episodes an export writes: complete, with at least one step, in write (first id) order."""
+
+    table: EpisodeTable
+    order: np.ndarray  # indices into ``table``
+    skipped_partial: int
+    skipped_running: int
+    skipped_empty: int
+
+    @property
+    def steps(self) -> int:
+        return int(self.table.length[self.order].sum())
+
+    @property
+    def frames(self) -> int:
+        return self.steps + int(self.order.size)
+
+    def result(self, path: str, fmt: str, seconds: float, extra: dict[str, Any] | None = None) -> ExportResult:
+        return ExportResult(path, fmt, int(self.order.size), self.steps, self.frames, self.skipped_partial,
+                            self.skipped_running, self.skipped_empty, disk_usage(path), seconds, extra or {})
+
+
+def plan_export(store: ReplayStore) -> ExportPlan:
+    t = store.episodes()
+    started = t.start_retained & ~t.head_lost
+    keep = t.complete & (t.length > 0)
+    order = np.flatnonzero(keep)
+    order = order[np.argsort(t.first_id[order], kind="stable")]
+    return ExportPlan(t, order, int((~started).sum()), int((started & ~t.ended).sum()),
+                      int((t.complete & (t.length == 0)).sum()))
+
+
+def frame_pieces(store: ReplayStore, table: EpisodeTable, i: int, piece: int = PIECE) -> Iterator[np.ndarray]:
+    """The episode's ``length + 1`` observations, ``piece`` frames at a time."""
+    n = int(table.length[i]) + 1
+    for a in range(0, n, piece):
+        yield store.episode_frames(table, i, a, min(a + piece, n))
+
+
+def step_pieces(store: ReplayStore, table: EpisodeTable, i: int, piece: int = PIECE) -> Iterator[EpisodeSteps]:
+    n = int(table.length[i])
+    for a in range(0, n, piece):
+        yield store.episode_steps(table, i, a, min(a + piece, n))
+
+
+def layout_attrs(schema: Schema, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The store facts every export records (JSON): shapes, dtypes, sampling parameters, provenance."""
+    return {
+        "obs_shape": list(schema.obs_shape), "obs_dtype": schema.obs_dtype.name,
+        "action_shape": list(schema.action_shape), "action_dtype": schema.action_dtype.name,
+        "extras": {e.name: [list(e.shape), e.dtype.name] for e in schema.extras},
+        "stack": schema.stack, "pad": schema.pad, "n_step": schema.n_step, "gamma": schema.gamma,
+        "metadata": metadata, "created_by": f"mmreplay {_version()}",
+        "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def _version() -> str:
+    import mmreplay
+
+    return str(getattr(mmreplay, "__version__", "?"))
+
+
+# -- files --------------------------------------------------------------------------------------------
+def disk_usage(path: str) -> int:
+    if os.path.isfile(path):
+        return os.stat(path).st_blocks * 512
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(os.path.join(root, name)).st_blocks * 512
+    return total
+
+
+def temp_sibling(final: str, what: str) -> str:
+    parent, name = os.path.split(final)
+    return os.path.join(parent, f".{name}.{what}-{secrets.token_hex(4)}")
+
+
+def remove_path(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def _fsync_tree(path: str) -> None:
+    """Make a finished output durable before it is renamed into place."""
+    if os.path.isfile(path):
+        files = [path]
+    else:
+        files = [os.path.join(r, f) for r, _, fs in os.walk(path) for f in fs]
+    for f in files:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    if os.path.isdir(path):
+        for r, dirs, _ in os.walk(path):
+            for d in [r, *(os.path.join(r, x) for x in dirs)]:
+                fsync_dir(d)
+
+
+@contextlib.contextmanager
+def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: str = "out") -> Iterator[str]:
+    """Yield a temporary path next to ``final``; rename it to ``final`` when the block succeeds.
+
+    Raises ``FileExistsError`` when ``final`` exists and ``overwrite`` is false. On any
+    exception (also KeyboardInterrupt) the temporary output is removed.
+    """
+    final = os.path.abspath(os.fspath(final))
+    if os.path.lexists(final) and not overwrite:
+        raise FileExistsError(f"{what}: {final} already exists; remove it, choose another path or pass overwrite=True")
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = temp_sibling(final, "partial")
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        if os.path.lexists(final):
+            old = temp_sibling(final, "old")
+            os.rename(final, old)
+            os.rename(tmp, final)
+            remove_path(old)
+        else:
+            os.rename(tmp, final)
+        fsync_dir(parent)
+    except BaseException:
+        remove_path(tmp)
+        raise
+
+
+def require_path(path: str | os.PathLike[str], what: str) -> str:
+    p = os.fspath(path)
+    if not os.path.exists(p):
+        raise DatasetNotFoundError(f"{what}: {p} does not exist")
+    return p
+
+
+def summary_lines(lengths: np.ndarray, returns: np.ndarray, obs_shape: tuple[int, ...], obs_dtype: Any,
+                  action_shape: tuple[int, ...], action_dtype: Any) -> list[str]:
+    """The lines every ``describe`` prints: episodes, steps, returns, shapes."""
+    lengths = np.asarray(lengths, np.int64)
+    returns = np.asarray(returns, np.float64)
+    lines = [f"episodes    {lengths.size:,}", f"steps       {int(lengths.sum()):,}"
+             + (f" (length min {lengths.min():,}, mean {lengths.mean():,.1f}, max {lengths.max():,})"
+                if lengths.size else "")]
+    if returns.size:
+        lines.append(f"returns     min {returns.min():.6g}, mean {returns.mean():.6g}, max {returns.max():.6g}")
+    lines += [f"obs         {obs_shape} {np.dtype(obs_dtype)}", f"action      {action_shape} {np.dtype(action_dtype)}"]
+    return lines

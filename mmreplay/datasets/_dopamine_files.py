@@ -1,0 +1,206 @@
+"""Dopamine replay checkpoint files: which suffixes a directory holds, their counters and columns.
+
+Each suffix ``N`` is read as a ``Checkpoint``: the observation file's header (never its frames:
+``dqn_replay`` streams those), ``add_count``, ``invalid_range`` (which tells ``stack_size`` and
+``update_horizon`` and must match the cursor), and on demand the per-slot columns (action,
+reward, terminal, any ``$store$_<extra>``; episode ends from ``episode_end_indices``, read
+without unpickling). ``scan`` also corrects the add count of a ``log_final_buffer`` file, which
+records the cursor instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import logging
+import os
+import re
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._common import require_path
+from ._gznpy import GzNpy
+from ._pickled_ints import read_int_set
+from .errors import DatasetError, DatasetNotFoundError
+
+log = logging.getLogger(__name__)
+
+PREFIX = "$store$_"
+COLUMNS = ("observation", "action", "reward", "terminal")
+RESERVED = ("obs", "action", "reward", "flags", "next_obs", "discount", "terminated", "truncated", "index", "weight")
+
+
+def _file(d: str, key: str, suffix: int) -> str:
+    return os.path.join(d, f"{key}_ckpt.{suffix}.gz")
+
+
+def find_suffixes(d: str) -> list[int]:
+    """The checkpoint suffixes with an observation file in ``d``, in increasing order."""
+    out = []
+    for p in glob.glob(os.path.join(glob.escape(d), f"{PREFIX}observation_ckpt.*.gz")):
+        m = re.fullmatch(r".*_ckpt\.(\d+)\.gz", os.path.basename(p))
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+@dataclass
+class Checkpoint:
+    """One suffix: its counters (read at once) and its columns (``load()``, ~10 bytes per slot)."""
+
+    dir: str
+    suffix: int
+    slots: int
+    obs_shape: tuple[int, ...]
+    obs_dtype: np.dtype
+    add_count: int  # as written
+    stack_size: int
+    update_horizon: int
+    extras: list[str]
+    has_end_indices: bool
+    true_add_count: int = 0  # add_count corrected for a log_final_buffer file
+    columns: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def cursor(self) -> int:
+        return self.add_count % self.slots
+
+    @property
+    def wrapped(self) -> bool:
+        return self.true_add_count >= self.slots
+
+    @property
+    def lo(self) -> int:
+        return self.true_add_count - self.slots if self.wrapped else 0
+
+    @property
+    def hi(self) -> int:
+        return self.true_add_count
+
+    def path(self, key: str) -> str:
+        return _file(self.dir, key, self.suffix)
+
+    def load(self) -> None:
+        """Read the per-slot columns (everything but the frames) and check their lengths."""
+        cols: dict[str, np.ndarray] = {}
+        for key in ("action", "reward", "terminal", *self.extras):
+            with GzNpy(self.path(PREFIX + key), PREFIX + key) as gz:
+                if not gz.shape or gz.rows != self.slots:
+                    raise DatasetError(f"{self.path(PREFIX + key)}: {PREFIX}{key} has shape {gz.shape}, but"
+                                       f" {PREFIX}observation has {self.slots:,} rows; the arrays must match")
+                cols[key] = gz.read_all()
+        end = cols["terminal"] != 0
+        if self.has_end_indices:
+            where = self.path("episode_end_indices")
+            with open(where, "rb") as f:
+                try:
+                    raw = gzip.decompress(f.read())
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise DatasetError(f"{where}: not a gzip file (episode_end_indices): {exc}") from None
+            try:
+                idx = np.asarray(read_int_set(raw, where), np.int64)
+            except ValueError as exc:
+                raise DatasetError(str(exc)) from None
+            if idx.size and (idx.min() < 0 or idx.max() >= self.slots):
+                raise DatasetError(f"{where}: episode_end_indices holds slots outside 0..{self.slots - 1}")
+            end[idx] = True
+        cols["end"] = end
+        self.columns = cols
+
+
+def _scan(d: str, suffix: int) -> Checkpoint:
+    """Check a suffix's files exist and read its header, counters and invalid range."""
+    for key in [PREFIX + c for c in COLUMNS] + ["add_count", "invalid_range"]:
+        if not os.path.exists(_file(d, key, suffix)):
+            raise DatasetNotFoundError(f"{_file(d, key, suffix)}: missing ({key} of checkpoint {suffix})")
+    with GzNpy(_file(d, PREFIX + "observation", suffix), PREFIX + "observation") as gz:
+        if len(gz.shape) < 1:
+            raise DatasetError(f"{gz.path}: {PREFIX}observation is 0-d; expected (slots, *obs_shape)")
+        slots, obs_shape, obs_dtype = gz.shape[0], gz.row_shape, gz.dtype
+    with GzNpy(_file(d, "add_count", suffix), "add_count") as gz:
+        ac = gz.read_value()
+    if ac.size != 1 or ac.dtype.kind not in "iu" or int(ac.reshape(-1)[0]) < 0:
+        raise DatasetError(f"{_file(d, 'add_count', suffix)}: add_count must be one non-negative integer,"
+                           f" got {ac.dtype} {ac.shape}")
+    add_count = int(ac.reshape(-1)[0])
+    where = _file(d, "invalid_range", suffix)
+    with GzNpy(where, "invalid_range") as gz:
+        ir = gz.read_value().reshape(-1)
+    if slots < 1 or ir.size < 2 or ir.dtype.kind not in "iuf":
+        raise DatasetError(f"{where}: invalid_range must hold stack_size + update_horizon slot numbers,"
+                           f" got {ir.dtype} {ir.shape}")
+    ir = ir.astype(np.int64)
+    cursor = add_count % slots
+    # an empty buffer's invalid_range is np.zeros(stack_size): the horizon is unknown there
+    horizon = (cursor - int(ir[0])) % slots if add_count else 0
+    stack_size = ir.size - horizon
+    expect = (cursor - horizon + np.arange(ir.size)) % slots
+    if add_count and (horizon < 1 or stack_size < 1 or not np.array_equal(ir, expect)):
+        raise DatasetError(f"{where}: invalid_range {ir.tolist()[:8]} does not match the cursor {cursor}"
+                           f" (add_count {add_count}, {slots} slots): expected cursor - update_horizon .."
+                           " cursor + stack_size - 1")
+    extras = []
+    for p in glob.glob(os.path.join(glob.escape(d), f"{PREFIX}*_ckpt.{suffix}.gz")):
+        key = os.path.basename(p)[len(PREFIX):-len(f"_ckpt.{suffix}.gz")]
+        if key in COLUMNS:
+            continue
+        if key.isidentifier() and key not in RESERVED:
+            extras.append(key)
+        else:
+            log.warning("%s: column %r is not a usable extra name; skipped", p, key)
+    return Checkpoint(d, suffix, int(slots), tuple(obs_shape), obs_dtype, add_count, int(stack_size),
+                      int(horizon), sorted(extras), os.path.exists(_file(d, "episode_end_indices", suffix)))
+
+
+def scan(src: str | os.PathLike[str], suffixes: Any = None) -> list[Checkpoint]:
+    """The checkpoints to import, in suffix order, with true add ranges (log_final_buffer corrected)."""
+    d = require_path(src, "dqn-replay")
+    if not os.path.isdir(d):
+        raise DatasetError(f"dqn-replay: {d} is not a directory of Dopamine checkpoints")
+    found = find_suffixes(d)
+    if suffixes is None:
+        if not found:
+            raise DatasetNotFoundError(f"{d}: no Dopamine replay checkpoints ({PREFIX}observation_ckpt.N.gz)")
+        chosen = found
+    else:
+        if isinstance(suffixes, (int, np.integer)):
+            suffixes = [suffixes]
+        try:
+            chosen = sorted({int(s) for s in suffixes})
+        except (TypeError, ValueError):
+            raise TypeError(f"suffixes: expected checkpoint numbers (ints), got {suffixes!r}") from None
+        if not chosen:
+            raise ValueError("suffixes: expected at least one checkpoint number")
+    ckpts = [_scan(d, s) for s in chosen]
+    nonempty = [c for c in ckpts if c.add_count]  # an empty buffer contributes nothing
+    first = nonempty[0] if nonempty else ckpts[0]
+    for c in nonempty[1:]:
+        if (c.obs_shape, c.obs_dtype, c.stack_size) != (first.obs_shape, first.obs_dtype, first.stack_size):
+            raise DatasetError(f"{c.path(PREFIX + 'observation')}: checkpoint {c.suffix} has frames {c.obs_shape}"
+                               f" {c.obs_dtype}, stack_size {c.stack_size}; checkpoint {first.suffix} has"
+                               f" {first.obs_shape} {first.obs_dtype}, stack_size {first.stack_size}")
+    prev_hi: int | None = None
+    for c in ckpts:
+        a = c.add_count
+        if prev_hi is not None and a < c.slots and a < prev_hi:
+            a = prev_hi + (a - prev_hi) % c.slots  # log_final_buffer wrote the cursor as add_count
+        c.true_add_count = a
+        prev_hi = c.hi if prev_hi is None else max(prev_hi, c.hi)
+    return ckpts
+
+
+def check_overlap(prev: Checkpoint, c: Checkpoint, start: int) -> None:
+    """Rows both checkpoints hold must agree: otherwise they are not from the same run."""
+    lo = max(c.lo, prev.lo)
+    if start <= lo:
+        return
+    adds = np.arange(lo, start, dtype=np.int64)
+    for key in ("action", "reward", "terminal"):
+        a = prev.columns[key][adds % prev.slots]
+        b = c.columns[key][adds % c.slots]
+        if not np.array_equal(a, b):
+            raise DatasetError(f"{c.path(PREFIX + key)}: checkpoint {c.suffix} does not continue checkpoint"
+                               f" {prev.suffix}: the {key} rows both hold differ; import them into separate stores")

@@ -1,0 +1,179 @@
+"""What the importers share: the store built in a temporary directory and renamed when complete
+(``StoreBuilder``), episodes written through ``reset``/``step`` a piece at a time
+(``feed_episode``), and sources read ahead by a thread (``Prefetch``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..storage.manifest import fsync_dir
+from ..store import ReplayStore
+from ._common import PIECE, remove_path, temp_sibling
+from .errors import DatasetError
+
+
+# -- the store ----------------------------------------------------------------------
+class StoreBuilder:
+    """Creates the imported store in a hidden temporary directory next to ``path``; ``finish()`` renames it.
+
+    Used as a context manager: an exception inside the block removes the temporary directory,
+    so a failed import leaves no store behind.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        if os.path.exists(self.path) and (not os.path.isdir(self.path) or os.listdir(self.path)):
+            raise FileExistsError(f"import: {self.path} already exists and is not an empty directory;"
+                                  " give a new path for the store")
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.tmp = temp_sibling(self.path, "importing")
+        self.store: ReplayStore | None = None
+
+    def create(self, **kwargs: Any) -> ReplayStore:
+        self.store = ReplayStore.create(self.tmp, **kwargs)
+        return self.store
+
+    def finish(self) -> ReplayStore:
+        if self.store is None:
+            raise DatasetError("import: the source holds no episodes to import")
+        self.store.close()
+        self.store = None
+        if os.path.isdir(self.path):
+            os.rmdir(self.path)  # the empty directory the caller made for it
+        os.rename(self.tmp, self.path)
+        fsync_dir(os.path.dirname(self.path))
+        return ReplayStore.open(self.path, mode="r+")
+
+    def __enter__(self) -> StoreBuilder:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None:
+            return
+        if self.store is not None:
+            with contextlib.suppress(Exception):
+                self.store.close()
+        remove_path(self.tmp)
+
+
+def sampling_params(recorded: dict[str, Any], **given: Any) -> dict[str, Any]:
+    """``stack``/``n_step``/``gamma``/``pad``: the caller's value, else the source's, else the store default."""
+    out = {}
+    for name, value in given.items():
+        value = recorded.get(name) if value is None else value
+        if value is not None:
+            out[name] = value
+    return out
+
+
+
+# -- writing an episode into a store ------------------------------------------------------------------
+@dataclass
+class Steps:
+    """Steps ``[a, b)`` of an episode as read from a source (``extras``: name -> (b - a, *shape))."""
+
+    actions: np.ndarray
+    rewards: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def feed_episode(store: ReplayStore, length: int, read_frames: Callable[[int, int], np.ndarray],
+                 read_steps: Callable[[int, int], Steps], final_missing: bool = False,
+                 end_open_as_truncated: bool = True, bar: Any = None, piece: int = PIECE) -> None:
+    """Write one episode of ``length`` steps: ``reset(frame 0)`` then one ``step()`` per transition.
+
+    ``read_frames(a, b)`` returns observations ``a .. b-1`` and ``read_steps(a, b)`` steps ``a .. b-1``;
+    both are called with ranges of at most ``piece``. ``final_missing``: the source lacks the final
+    observation, so the last step is written with ``_import_final_missing`` (the frame is not read).
+    ``end_open_as_truncated``: a last step with neither flag set ends the episode as truncated.
+    """
+    store.reset(read_frames(0, 1)[0])
+    if bar is not None:
+        bar.update(1)
+    for a in range(0, length, piece):
+        b = min(a + piece, length)
+        last_piece = b == length
+        st = read_steps(a, b)
+        term = np.asarray(st.terminated, np.bool_)
+        trunc = np.asarray(st.truncated, np.bool_)
+        if last_piece and end_open_as_truncated and not (term[-1] or trunc[-1]):
+            trunc = trunc.copy()
+            trunc[-1] = True
+        stop = b - 1 if (last_piece and final_missing) else b
+        frames = read_frames(a + 1, stop + 1) if stop > a else None
+        acts = st.actions.tolist() if st.actions.ndim == 1 else st.actions  # Python scalars: cheaper per step
+        rews, terms, truncs = np.asarray(st.rewards, np.float64).tolist(), term.tolist(), trunc.tolist()
+        names = list(st.extras)
+        step = store.step
+        for i in range(stop - a):
+            if names:
+                step(acts[i], rews[i], frames[i], terms[i], truncs[i],  # type: ignore[index]
+                     **{n: st.extras[n][i] for n in names})
+            else:
+                step(acts[i], rews[i], frames[i], terms[i], truncs[i])  # type: ignore[index]
+        if stop < b:
+            i = b - a - 1
+            ex = {n: st.extras[n][i] for n in names} if names else {}
+            store._import_final_missing(acts[i], rews[i], terms[i], truncs[i], **ex)
+        if bar is not None:
+            bar.update(b - a)
+
+
+class Prefetch:
+    """Rows of a source array read front to back in blocks by a background thread, one block ahead.
+
+    ``read(a, b)`` returns rows ``[a, b)``; calls must not go backwards (rows before ``a`` are
+    dropped). ``fetch(a, b)`` is what reads the source (e.g. a zarr or HDF5 slice); it runs in
+    the thread, so decoding overlaps the consumer's work. Memory: the block being read, the one
+    being consumed, and a copy only when a request spans two blocks.
+    """
+
+    def __init__(self, fetch: Callable[[int, int], np.ndarray], total: int, block: int = PIECE) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._fetch, self.total, self.block = fetch, total, max(1, block)
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
+        self._blocks: deque[tuple[int, np.ndarray]] = deque()  # (first source row, rows) not yet consumed
+        self._next = 0  # first row not yet requested
+        self._fut: Any = None
+        self._ahead()
+
+    def _ahead(self) -> None:
+        a, b = self._next, min(self._next + self.block, self.total)
+        self._fut = (a, self._ex.submit(self._fetch, a, b)) if a < b else None
+        self._next = b
+
+    def read(self, a: int, b: int) -> np.ndarray:
+        if b <= a and self._blocks:
+            return self._blocks[0][1][:0]
+        while not self._blocks or self._blocks[-1][0] + len(self._blocks[-1][1]) < b:
+            if self._fut is None:
+                raise IndexError(f"Prefetch.read({a}, {b}): the source has {self.total} rows")
+            lo, fut = self._fut
+            self._blocks.append((lo, np.asarray(fut.result())))
+            self._ahead()
+        while len(self._blocks) > 1 and self._blocks[0][0] + len(self._blocks[0][1]) <= a:
+            self._blocks.popleft()  # wholly before the request: done with
+        if self._blocks[0][0] > a:
+            raise ValueError(f"Prefetch.read({a}, {b}): rows before {self._blocks[0][0]} were already dropped")
+        parts = [blk[max(a - lo, 0):b - lo] for lo, blk in self._blocks if lo < b]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def close(self) -> None:
+        self._ex.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,252 @@
+"""Import Dopamine replay checkpoints (the DQN Replay Dataset) into a store, and describe them.
+
+A checkpoint suffix ``N`` is a set of gzip'd ``.npy`` files in one directory:
+``$store$_observation_ckpt.N.gz`` (C slots of frames), ``$store$_action``, ``$store$_reward``,
+``$store$_terminal`` (C each), ``add_count`` (0-d) and ``invalid_range``; newer Dopamine adds a
+pickled ``episode_end_indices`` (read without unpickling, see ``_pickled_ints``) and any
+``$store$_<extra>``. Dopamine's conventions, which this module follows exactly:
+
+- ``add()`` writes row ``(o_t, a_t, r_t, terminal_t)`` at slot ``add_count % C``; the next
+  observation is the next row's frame. An episode's final observation is never stored.
+- ``stack_size - 1`` padding rows (zero frame, action 0, reward 0, terminal 0) precede the first
+  row of every episode and of the buffer.
+- ``terminal`` marks every episode end in the public dataset, the time limit included; newer
+  versions mark non-terminal ends in ``episode_end_indices``.
+- ``invalid_range`` holds slots ``cursor - update_horizon .. cursor + stack_size - 1``, so it
+  tells ``stack_size`` and ``update_horizon``; the cursor slot is stale (oldest in the ring).
+- The logged buffer writes suffix ``N`` right after an add leaves ``add_count % C == C - 1``:
+  suffix ``N`` then holds adds ``[add_count - C, add_count)`` and consecutive suffixes continue
+  each other exactly. ``log_final_buffer`` writes ``add_count = cursor`` instead.
+
+How rows become the store: rows are taken in add order (oldest first); suffixes given
+together are joined by add index (overlapping rows are checked to agree and imported once;
+a gap ends the open episode). A fresh ring whose start was overwritten begins with the row
+after the cursor: unless that stale row ended an episode, its episode lost its start and is
+written with ``_import_reset(head_lost=True)``. Each episode's last step is written with
+``_import_final_missing`` (terminated, or truncated for a non-terminal end). The episode still
+running at the last row stays open: its last row has no next frame.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from ..store import ReplayStore
+from ._common import ProgressArg, progress_bar, summary_lines
+from ._dopamine_files import PREFIX, Checkpoint, check_overlap, scan
+from ._gznpy import RowBlocks
+from ._importing import StoreBuilder, sampling_params
+from .errors import DatasetError
+
+BLOCK = 1024  # frames per block handed over by the inflating thread
+HEAD_AHEAD = 256  # a first slot run this short is inflated while the previous checkpoint imports
+_NONE: dict[str, Any] = {}  # no extras (shared, never modified)
+
+
+class _RowWriter:
+    """Turns Dopamine rows (in add order) into ``reset``/``step`` calls on the store."""
+
+    def __init__(self, store: ReplayStore, stack_size: int) -> None:
+        self.store = store
+        self.pad = stack_size - 1
+        self.pad_left = 0
+        self.pending: tuple[Any, float, dict[str, Any]] | None = None  # open episode's last row
+        self.head_lost_next = False
+        self.at_buffer_start = False
+        self.counts = {"episodes": 0, "terminated": 0, "truncated": 0, "head_lost": 0}
+
+    def fresh(self, ended_before: bool | None) -> None:
+        """A new stretch of rows that does not continue the previous one. ``ended_before``: the row
+        before it ended an episode (True), did not (False), or there is none (None: a buffer start)."""
+        self.pending = None  # the open episode ends at its last step (the next reset truncates it)
+        self.pad_left = self.pad if ended_before is not False else 0
+        self.head_lost_next = ended_before is False
+        self.at_buffer_start = ended_before is None
+
+    def rows(self, frames: np.ndarray, act: list[Any], rew: list[float], term: list[bool], end: list[bool],
+             extras: dict[str, np.ndarray], where: Any) -> None:
+        store = self.store
+        names = list(extras)
+        for j in range(len(frames)):
+            if self.pad_left:
+                if act[j] != 0 or rew[j] != 0 or term[j] or end[j] or frames[j].any():
+                    hint = (" (a checkpoint written by log_final_buffer records its cursor as add_count: import"
+                            " it together with the checkpoint logged before it)" if self.at_buffer_start else "")
+                    raise DatasetError(f"{where(j)}: expected a zero padding row ({self.pad} precede every episode"
+                                       f" in Dopamine's layout), found data{hint}")
+                self.pad_left -= 1
+                continue
+            self.at_buffer_start = False
+            x = {n: extras[n][j] for n in names} if names else _NONE
+            if self.pending is None:
+                store._import_reset(frames[j], head_lost=self.head_lost_next)
+                self.counts["episodes"] += 1
+                self.counts["head_lost"] += int(self.head_lost_next)
+                self.head_lost_next = False
+            else:
+                a, r, px = self.pending
+                if px:
+                    store.step(a, r, frames[j], False, False, **px)
+                else:
+                    store.step(a, r, frames[j], False, False)
+            if end[j]:
+                store._import_final_missing(act[j], rew[j], bool(term[j]), not term[j], **x)
+                self.counts["terminated" if term[j] else "truncated"] += 1
+                self.pending = None
+                self.pad_left = self.pad
+            else:
+                self.pending = (act[j], rew[j], x)
+
+
+def _slot_runs(start: int, stop: int, slots: int) -> list[tuple[int, int]]:
+    """Slot ranges holding add indices ``[start, stop)``, in add order (at most two: the ring wraps)."""
+    if stop <= start:
+        return []
+    s0 = start % slots
+    n = stop - start
+    return [(s0, s0 + n)] if s0 + n <= slots else [(s0, slots), (0, s0 + n - slots)]
+
+
+def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str], *, suffixes: Any = None,
+                      stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
+                      pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
+                      seed: int = 0, progress: ProgressArg = True) -> ReplayStore:
+    ckpts = scan(src, suffixes)
+    # which add indices each checkpoint contributes, and whether it continues the previous one
+    plan: list[tuple[Checkpoint, int, bool]] = []
+    cur: int | None = None
+    for c in ckpts:
+        if c.hi == 0 or (cur is not None and c.hi <= cur):
+            continue  # empty, or entirely rows already taken
+        if cur is not None and c.lo <= cur:
+            plan.append((c, cur, True))
+        else:
+            plan.append((c, c.lo + (1 if c.wrapped else 0), False))  # the cursor slot is stale
+        cur = c.hi
+    if not plan:
+        raise DatasetError(f"{os.fspath(src)}: the checkpoints hold no rows (add_count 0)")
+    total = sum(c.hi - start for c, start, _ in plan)
+    first = plan[0][0]
+    first.load()
+    recorded = {"stack": first.stack_size, "n_step": first.update_horizon, "pad": "zeros"}
+    extras = {k: (tuple(first.columns[k].shape[1:]), first.columns[k].dtype) for k in first.extras}
+    meta: dict[str, Any] = {"source": {
+        "format": "dqn-replay", "path": os.path.abspath(os.fspath(src)),
+        "suffixes": [c.suffix for c, _, _ in plan], "stack_size": first.stack_size,
+        "update_horizon": first.update_horizon,
+        "terminal_marks_time_limit": not first.has_end_indices,
+        "rewards_note": "Dopamine's Atari runner clips rewards to [-1, 1] before adding them; the rewards are"
+                        " stored as found (unclipped returns are not recoverable)",
+        "checkpoints": []}}
+    src_meta = meta["source"]
+    rmin, rmax = np.inf, -np.inf
+    with StoreBuilder(path) as b:
+        store = b.create(capacity=capacity or max(1, total), obs_shape=first.obs_shape, obs_dtype=first.obs_dtype,
+                         action_shape=tuple(first.columns["action"].shape[1:]),
+                         action_dtype=first.columns["action"].dtype, extras=extras or None, chunk_size=chunk_size,
+                         seed=seed, metadata=meta,
+                         **sampling_params(recorded, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
+        writer = _RowWriter(store, first.stack_size)
+        prev: Checkpoint | None = None
+        ahead: dict[int, RowBlocks] = {}
+        with contextlib.ExitStack() as cleanup, progress_bar(progress, total, "import dqn-replay") as bar:
+            cleanup.callback(_close_all, ahead)
+            for k, (c, start, continues) in enumerate(plan):
+                if not c.columns:
+                    c.load()
+                cols = c.columns
+                if continues and prev is not None:
+                    check_overlap(prev, c, start)
+                else:
+                    ctx = None if not c.wrapped else bool(cols["end"][c.lo % c.slots])
+                    writer.fresh(ctx)
+                if prev is not None:
+                    prev.columns = {}  # free the previous checkpoint's columns
+                slots = np.arange(start, c.hi, dtype=np.int64) % c.slots
+                act = cols["action"][slots]
+                rew = cols["reward"][slots].astype(np.float64)
+                if rew.size:
+                    rmin, rmax = min(rmin, float(rew.min())), max(rmax, float(rew.max()))
+                term, end = cols["terminal"][slots] != 0, cols["end"][slots]
+                xs = {name: cols[name][slots] for name in c.extras}
+                done = 0
+                obs_path = c.path(PREFIX + "observation")
+                if k + 1 < len(plan):
+                    _read_ahead(k + 1, plan[k + 1], ahead)
+                for r, (lo, hi) in enumerate(_slot_runs(start, c.hi, c.slots)):
+                    with _frames_of(obs_path, lo, hi, ahead.pop(k) if r == 0 and k in ahead else None) as blocks:
+                        for frames in blocks:
+                            n = len(frames)
+                            sl = slice(done, done + n)
+                            base_slot = int(slots[done])
+                            a = act[sl]
+                            writer.rows(frames, a.tolist() if a.ndim == 1 else list(a), rew[sl].tolist(),
+                                        term[sl].tolist(), end[sl].tolist(), {x: v[sl] for x, v in xs.items()},
+                                        lambda j, s=base_slot, p=obs_path, m=c.slots: f"{p}: slot {(s + j) % m}")
+                            done += n
+                            bar.update(n)
+                src_meta["checkpoints"].append({
+                    "suffix": c.suffix, "slots": c.slots, "add_count": c.add_count, "cursor": c.cursor,
+                    "final_buffer": c.true_add_count != c.add_count, "first_add": start, "rows": c.hi - start,
+                    "episode_end_indices": "read" if c.has_end_indices else "absent"})
+                prev = c
+        src_meta.update(writer.counts, running=int(writer.pending is not None),
+                        reward_range=[rmin, rmax] if np.isfinite(rmin) else None,
+                        rewards_clipped=bool(not np.isfinite(rmin) or (rmin >= -1 and rmax <= 1)))
+        store.metadata = meta
+        return b.finish()
+
+
+def _read_ahead(index: int, entry: tuple[Checkpoint, int, bool], ahead: dict[int, RowBlocks]) -> None:
+    """Start inflating the next checkpoint's first slot run when it is short: in a logged buffer it is the
+    single stale row at the end of the file (slot C-1), which would otherwise cost a whole extra pass."""
+    c, start, _ = entry
+    runs = _slot_runs(start, c.hi, c.slots)
+    if len(runs) == 2 and runs[0][1] - runs[0][0] <= HEAD_AHEAD:
+        ahead[index] = RowBlocks(c.path(PREFIX + "observation"), PREFIX + "observation", *runs[0], block=HEAD_AHEAD)
+
+
+def _close_all(ahead: dict[int, RowBlocks]) -> None:
+    for rb in ahead.values():
+        rb.close()
+
+
+@contextlib.contextmanager
+def _frames_of(path: str, lo: int, hi: int, ready: RowBlocks | None) -> Iterator[RowBlocks]:
+    """Blocks of frame rows ``[lo, hi)``, streamed by a thread (started earlier when ``ready``)."""
+    with ready if ready is not None else RowBlocks(path, PREFIX + "observation", lo, hi, BLOCK) as blocks:
+        yield blocks
+
+
+def describe_dqn_replay(src: str | os.PathLike[str]) -> list[str]:
+    ckpts = scan(src)
+    lines = [f"dataset     {os.fspath(src)} (Dopamine replay checkpoints, {len(ckpts)} suffixes:"
+             f" {', '.join(str(c.suffix) for c in ckpts[:12])}{' ...' if len(ckpts) > 12 else ''})"]
+    first = ckpts[0]
+    first.load()
+    cols = first.columns
+    n = first.hi - first.lo
+    adds = (np.arange(first.lo, first.hi) % first.slots) if n else np.zeros(0, np.int64)
+    end = cols["end"][adds]
+    ends = np.flatnonzero(end)
+    lengths = np.diff(ends) - first.stack_size + 1 if ends.size > 1 else np.zeros(0, np.int64)
+    rew = cols["reward"][adds].astype(np.float64)
+    cs = np.concatenate(([0.0], np.cumsum(rew)))
+    returns = cs[ends[1:] + 1] - cs[ends[:-1] + 1] if ends.size > 1 else np.zeros(0)
+    lines.append(f"checkpoint  {first.suffix}: {first.slots:,} slots, add_count {first.add_count:,}, cursor"
+                 f" {first.cursor:,}, {'wrapped' if first.wrapped else 'not full'}; stack_size {first.stack_size},"
+                 f" update_horizon {first.update_horizon}; {int(end.sum()):,} episode ends")
+    lines.append(f"whole       {lengths.size:,} episodes between its first and last episode end:")
+    lines += summary_lines(lengths, returns, first.obs_shape, first.obs_dtype, tuple(cols["action"].shape[1:]),
+                           cols["action"].dtype)
+    lines.append(f"rewards     min {rew.min() if rew.size else 0:.6g}, max {rew.max() if rew.size else 0:.6g}"
+                 " (Dopamine clips them to [-1, 1] before adding)")
+    if len(ckpts) > 1:
+        lines.append(f"all         {sum(c.hi - c.lo for c in ckpts):,} rows in {len(ckpts)} checkpoints"
+                     f" (add counts {ckpts[0].add_count:,} .. {ckpts[-1].add_count:,})")
+    return lines

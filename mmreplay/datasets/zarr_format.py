@@ -1,0 +1,378 @@
+"""The mmreplay zarr dataset (zarr v3): export a store's complete episodes, import them back, describe.
+
+Layout (FORMAT.md, part 2, is the specification)::
+
+    <out>/                   group; attributes: format, format_version, schema, sampling parameters
+      observations           (F, *obs_shape)   every episode's T+1 observations, concatenated
+      actions                (N, *action_shape)
+      rewards                (N,) float32
+      terminations           (N,) bool
+      truncations            (N,) bool
+      extras/<name>          (N, *shape)
+      episodes/obs_start     (E,) int64  first observation of episode e in ``observations``
+      episodes/step_start    (E,) int64  first step of episode e in the step arrays
+      episodes/length        (E,) int64  steps T of episode e (it has T+1 observations)
+      episodes/return        (E,) float64 sum of the episode's rewards
+      episodes/final_missing (E,) bool   the final observation was never available (stored as zeros)
+
+Every array is chunked along its first axis and sharded, so a 1M-frame export is a few
+hundred files; arrays are written a whole shard at a time (a partial shard write would
+rewrite the shard). Consolidated metadata is written last.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..store import ReplayStore
+from ._common import (
+    PIECE,
+    ExportResult,
+    ProgressArg,
+    atomic_output,
+    frame_pieces,
+    layout_attrs,
+    open_reader,
+    plan_export,
+    progress_bar,
+    step_pieces,
+    summary_lines,
+)
+from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._zarr_shards import shard_reader
+from .errors import DatasetError, DatasetNotFoundError
+
+FORMAT = "mmreplay-dataset"
+VERSION = 1
+COMPRESSIONS = ("zstd", "blosc-zstd", "blosc-lz4", "gzip", "none")
+STEP_ARRAYS = ("actions", "rewards", "terminations", "truncations")
+EPISODE_ARRAYS = ("obs_start", "step_start", "length", "return", "final_missing")
+
+
+def _compressor(compression: str | None, level: int | None) -> Any:
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    c = "none" if compression is None else str(compression).lower()
+    if c == "none":
+        return None
+    if c == "zstd":
+        return ZstdCodec(level=3 if level is None else int(level))
+    if c == "gzip":
+        return GzipCodec(level=5 if level is None else int(level))
+    if c in ("blosc-zstd", "blosc-lz4"):
+        cname: Any = c.split("-")[1]
+        return BloscCodec(cname=cname, clevel=5 if level is None else int(level), shuffle="bitshuffle")
+    raise ValueError(f"compression: expected one of {', '.join(COMPRESSIONS)} (or None), got {compression!r}")
+
+
+def _grid(rows: int, row_bytes: int, chunk_rows: int, shard_bytes: int) -> tuple[int, int]:
+    """(chunk, shard) lengths along the first axis: shards of about ``shard_bytes``, a power-of-two
+    number of chunks each, never longer than the array needs."""
+    chunk = max(1, min(chunk_rows, rows))
+    per = max(1, shard_bytes // max(1, chunk * row_bytes))
+    shard = chunk * 2 ** int(math.log2(per))
+    return chunk, max(chunk, min(shard, -(-rows // chunk) * chunk))
+
+
+class _Encoder:
+    """Encodes one inner chunk as the array's codecs say (``bytes`` then the compressor)."""
+
+    def __init__(self, compression: str | None, level: int | None) -> None:
+        from numcodecs import GZip, Zstd
+        from numcodecs.blosc import Blosc
+
+        c = "none" if compression is None else str(compression).lower()
+        self.codec: Any = None
+        if c == "zstd":
+            self.codec = Zstd(level=3 if level is None else int(level))
+        elif c == "gzip":
+            self.codec = GZip(level=5 if level is None else int(level))
+        elif c in ("blosc-zstd", "blosc-lz4"):
+            self.codec = Blosc(cname=c.split("-")[1], clevel=5 if level is None else int(level), shuffle=Blosc.BITSHUFFLE)
+
+    def __call__(self, chunk: np.ndarray) -> bytes:
+        raw = np.ascontiguousarray(chunk)
+        return raw.tobytes() if self.codec is None else bytes(self.codec.encode(raw))
+
+
+def _write_shard(path: str, data: np.ndarray, chunk_rows: int, chunks_per_shard: int, ndim: int,
+                 encode: _Encoder) -> None:
+    """One shard file as zarr's ``sharding_indexed`` codec lays it out: the encoded inner chunks in
+    order, then the index (``(offset, nbytes)`` uint64 per chunk, little-endian, 2**64-1 for an
+    absent chunk) followed by its CRC-32C."""
+    import google_crc32c
+
+    index = np.full((chunks_per_shard, 2), np.iinfo(np.uint64).max, np.uint64)
+    parts, offset = [], 0
+    for j in range(-(-len(data) // chunk_rows)):
+        piece = data[j * chunk_rows:(j + 1) * chunk_rows]
+        if len(piece) < chunk_rows:  # an edge chunk is stored whole, padded with the fill value (0)
+            full = np.zeros((chunk_rows, *data.shape[1:]), data.dtype)
+            full[:len(piece)] = piece
+            piece = full
+        blob = encode(piece)
+        index[j] = (offset, len(blob))
+        parts.append(blob)
+        offset += len(blob)
+    raw_index = index.reshape((chunks_per_shard,) + (1,) * (ndim - 1) + (2,)).astype("<u8").tobytes()
+    parts += [raw_index, np.uint32(google_crc32c.value(raw_index)).astype("<u4").tobytes()]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        for blob in parts:
+            f.write(blob)
+
+
+class _Column:
+    """A sharded zarr array written front to back, a whole shard at a time, by a background thread.
+
+    zarr's own write path costs about a millisecond of Python per inner chunk; the shard files
+    are simple (see ``_write_shard``), so they are produced here and read back by zarr in tests.
+    """
+
+    def __init__(self, array: Any, directory: str, chunk_rows: int, shard_rows: int, encode: _Encoder,
+                 executor: ThreadPoolExecutor, inflight: int = 1) -> None:
+        self.dir = directory
+        self.size = int(array.shape[0])
+        self.row_shape = tuple(array.shape[1:])
+        self.dtype = np.dtype(array.dtype)
+        self.chunk_rows, self.shard_rows = chunk_rows, shard_rows
+        self.encode, self.executor, self.inflight = encode, executor, inflight
+        self.base = 0  # first row of the buffered shard
+        self.fill = 0
+        self.buf: np.ndarray | None = None
+        self.pending: deque[Future[None]] = deque()
+
+    def append(self, values: np.ndarray) -> None:
+        i = 0
+        while i < len(values):
+            if self.buf is None:
+                self.buf = np.empty((min(self.shard_rows, self.size - self.base), *self.row_shape), self.dtype)
+            take = min(len(values) - i, len(self.buf) - self.fill)
+            self.buf[self.fill:self.fill + take] = values[i:i + take]
+            self.fill += take
+            i += take
+            if self.fill == len(self.buf):
+                self._submit()
+
+    def _submit(self) -> None:
+        assert self.buf is not None
+        key = os.path.join(self.dir, "c", str(self.base // self.shard_rows), *["0"] * len(self.row_shape))
+        self.pending.append(self.executor.submit(_write_shard, key, self.buf[:self.fill], self.chunk_rows,
+                                                 self.shard_rows // self.chunk_rows, 1 + len(self.row_shape),
+                                                 self.encode))
+        self.base += self.fill
+        self.fill = 0
+        self.buf = None  # the submitted buffer belongs to the writer now
+        while len(self.pending) > self.inflight:
+            self.pending.popleft().result()
+
+    def close(self) -> None:
+        if self.fill:
+            self._submit()
+        while self.pending:
+            self.pending.popleft().result()
+
+
+def export_zarr(store: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str], *,
+                compression: str | None = "zstd", level: int | None = None, chunk_frames: int = 32,
+                chunk_steps: int = 16384, shard_bytes: int = 32 * 2**20, overwrite: bool = False,
+                progress: ProgressArg = True) -> ExportResult:
+    """Write the store's complete episodes as an mmreplay zarr v3 dataset at ``out`` (a directory)."""
+    import zarr
+
+    codec = _compressor(compression, level)
+    for key, size in (("chunk_frames", chunk_frames), ("chunk_steps", chunk_steps), ("shard_bytes", shard_bytes)):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{key}: expected a positive int, got {size!r}")
+    t0 = time.perf_counter()
+    with open_reader(store) as s, atomic_output(out, overwrite, "export") as tmp:
+        plan = plan_export(s)
+        t, order = plan.table, plan.order
+        sch = s.schema
+        n_steps, n_frames, n_eps = plan.steps, plan.frames, int(order.size)
+        g = zarr.open_group(tmp, mode="w-", zarr_format=3)
+        g.attrs.update({"format": FORMAT, "format_version": VERSION, **layout_attrs(sch, s.metadata),
+                        "num_episodes": n_eps, "num_steps": n_steps, "num_frames": n_frames})
+
+        encode = _Encoder(compression, level)
+        writer = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-zarr")
+
+        def array(group: Any, name: str, rows: int, shape: tuple[int, ...], dtype: Any, chunk_rows: int,
+                  axis: str) -> _Column:
+            """Create the array's metadata with zarr; its shards are written by ``_Column``."""
+            dt = np.dtype(dtype)
+            chunk, shard = _grid(rows, int(np.prod(shape, dtype=np.int64)) * dt.itemsize, chunk_rows, shard_bytes)
+            a = group.create_array(name, shape=(rows, *shape), dtype=dt, chunks=(chunk, *shape),
+                                   shards=(shard, *shape), compressors=codec, fill_value=0,
+                                   dimension_names=(axis,) + (None,) * len(shape))
+            return _Column(a, os.path.join(tmp, *a.path.split("/")), chunk, shard, encode, writer)
+
+        ep = g.create_group("episodes")
+        lengths = t.length[order].astype(np.int64)
+        values = {"length": lengths, "obs_start": np.cumsum(lengths + 1) - (lengths + 1),
+                  "step_start": np.cumsum(lengths) - lengths, "return": t.returns[order].astype(np.float64),
+                  "final_missing": t.final_missing[order].astype(np.bool_)}
+        cols = {}
+        for name in EPISODE_ARRAYS:
+            cols["ep_" + name] = array(ep, name, n_eps, (), values[name].dtype, 65536, "episode")
+            cols["ep_" + name].append(values[name])
+        cols["observations"] = array(g, "observations", n_frames, sch.obs_shape, sch.obs_dtype, chunk_frames, "frame")
+        step_specs = [("actions", sch.action_shape, sch.action_dtype), ("rewards", (), np.float32),
+                      ("terminations", (), np.bool_), ("truncations", (), np.bool_)]
+        xg = g.create_group("extras")
+        for name, shape, dtype in step_specs:
+            cols[name] = array(g, name, n_steps, shape, dtype, chunk_steps, "step")
+        for e in sch.extras:
+            cols["x_" + e.name] = array(xg, e.name, n_steps, e.shape, e.dtype, chunk_steps, "step")
+        with progress_bar(progress, n_frames, "export zarr") as bar:
+            for i in order.tolist():
+                for fr in frame_pieces(s, t, i):
+                    cols["observations"].append(fr)
+                    bar.update(len(fr))
+                for st in step_pieces(s, t, i):
+                    cols["actions"].append(st.actions)
+                    cols["rewards"].append(st.rewards)
+                    cols["terminations"].append(st.terminated)
+                    cols["truncations"].append(st.truncated)
+                    for name, v in st.extras.items():
+                        cols["x_" + name].append(v)
+            try:
+                for c in cols.values():
+                    c.close()
+            finally:
+                writer.shutdown(cancel_futures=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "consolidated metadata is not part of the v3 spec": we know
+            zarr.consolidate_metadata(tmp)
+        codec_name = "none" if codec is None else str(compression).lower()
+    return plan.result(os.path.abspath(os.fspath(out)), "zarr", time.perf_counter() - t0,
+                       {"compression": codec_name})
+
+
+# -- reading ------------------------------------------------------------------------------------------
+def open_dataset(src: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Any:
+    """Open an mmreplay zarr dataset (local path or any URL zarr accepts) and check its format attributes."""
+    import zarr
+
+    where = os.fspath(src)
+    if "://" not in where and not os.path.exists(where):
+        raise DatasetNotFoundError(f"zarr dataset: {where} does not exist")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = zarr.open_group(where, mode="r", storage_options=storage_options)
+    except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
+        raise DatasetError(f"{where}: not a zarr v3 group ({exc})") from None
+    attrs = dict(g.attrs)
+    if attrs.get("format") != FORMAT:
+        raise DatasetError(f"{where}: not an mmreplay zarr dataset (group attribute format={attrs.get('format')!r},"
+                           f" expected {FORMAT!r})")
+    version = attrs.get("format_version")
+    if not isinstance(version, int) or version > VERSION:
+        raise DatasetError(f"{where}: format_version {version!r}; this mmreplay reads up to {VERSION}")
+    for name in ("observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)):
+        if name not in g:
+            raise DatasetError(f"{where}: missing array {name!r}")
+    return g
+
+
+def _episodes(g: Any, where: str) -> dict[str, np.ndarray]:
+    ep = {n: np.asarray(g[f"episodes/{n}"][:]) for n in EPISODE_ARRAYS}
+    n_frames, n_steps = g["observations"].shape[0], g["actions"].shape[0]
+    for name in STEP_ARRAYS[1:]:
+        if g[name].shape[0] != n_steps:
+            raise DatasetError(f"{where}: array {name!r} has {g[name].shape[0]} rows, 'actions' has {n_steps}")
+    if not all(ep[n].shape == ep["length"].shape for n in EPISODE_ARRAYS):
+        raise DatasetError(f"{where}: the episodes/* arrays differ in length")
+    ln = ep["length"].astype(np.int64)
+    if ln.size and ((ln < 0).any() or (ep["obs_start"] + ln + 1 > n_frames).any()
+                    or (ep["step_start"] + ln > n_steps).any()):
+        raise DatasetError(f"{where}: episodes/* point past the end of 'observations' ({n_frames} frames)"
+                           f" or the step arrays ({n_steps} steps)")
+    return ep
+
+
+def _prefetch(array: Any, block: int, root: str) -> Prefetch:
+    """Rows of ``array`` read ahead by a thread: shard files decoded directly when local and laid out as
+    ``export_zarr`` writes them (``_zarr_shards``), else through zarr."""
+    def through_zarr(a: int, z: int) -> np.ndarray:
+        return np.asarray(array[a:z])
+
+    fetch = shard_reader(array, root) if "://" not in root else None
+    return Prefetch(fetch or through_zarr, int(array.shape[0]), block)
+
+
+def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, stack: int | None = None,
+                n_step: int | None = None, gamma: float | None = None, pad: str | None = None,
+                capacity: int | None = None, chunk_size: int | None = None, seed: int = 0,
+                progress: ProgressArg = True, storage_options: dict[str, Any] | None = None) -> ReplayStore:
+    where = os.fspath(src)
+    g = open_dataset(src, storage_options)
+    attrs = dict(g.attrs)
+    ep = _episodes(g, where)
+    obs, acts = g["observations"], g["actions"]
+    x_arrays = dict(g["extras"].arrays()) if "extras" in g else {}
+    extras = {name: (tuple(a.shape[1:]), a.dtype) for name, a in x_arrays.items()}
+    n_steps = int(ep["length"].sum())
+    meta = dict(attrs.get("metadata") or {})
+    meta["source"] = {"format": "zarr", "path": where, "episodes": int(ep["length"].size), "steps": n_steps}
+    with StoreBuilder(path) as b:
+        store = b.create(capacity=capacity or max(1, n_steps), obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype,
+                         action_shape=tuple(acts.shape[1:]), action_dtype=acts.dtype, extras=extras or None,
+                         chunk_size=chunk_size, seed=seed, metadata=meta,
+                         **sampling_params(attrs, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
+        names = ["rewards", "terminations", "truncations"]
+        steps_src = {"actions": acts, **{n: g[n] for n in names}, **{"x_" + n: a for n, a in x_arrays.items()}}
+        readers = {k: _prefetch(arr, 65536, where) for k, arr in steps_src.items()}
+        frames_src = _prefetch(obs, PIECE, where)
+        try:
+            with progress_bar(progress, int(obs.shape[0]), "import zarr") as bar:
+                for e in range(ep["length"].size):
+                    o0, s0 = int(ep["obs_start"][e]), int(ep["step_start"][e])
+
+                    def frames(a: int, z: int, o0: int = o0) -> np.ndarray:
+                        return frames_src.read(o0 + a, o0 + z)
+
+                    def steps(a: int, z: int, s0: int = s0) -> Steps:
+                        r = {k: rd.read(s0 + a, s0 + z) for k, rd in readers.items()}
+                        return Steps(r["actions"], r["rewards"], r["terminations"], r["truncations"],
+                                     {n: r["x_" + n] for n in x_arrays})
+
+                    feed_episode(store, int(ep["length"][e]), frames, steps, bool(ep["final_missing"][e]),
+                                 bar=bar, piece=PIECE)
+        finally:
+            for rd in [frames_src, *readers.values()]:
+                rd.close()
+        return b.finish()
+
+
+def describe_zarr(src: str | os.PathLike[str]) -> list[str]:
+    where = os.fspath(src)
+    g = open_dataset(src)
+    attrs = dict(g.attrs)
+    ep = _episodes(g, where)
+    obs, acts = g["observations"], g["actions"]
+    codecs = obs.metadata.to_dict().get("codecs", [])
+    inner = codecs[0].get("configuration", {}).get("codecs", []) if codecs else []
+    comp = ", ".join(c["name"] for c in inner if c.get("name") not in ("bytes",)) or "none"
+    lines = [f"dataset     {where} (mmreplay zarr v{attrs.get('format_version')})",
+             *summary_lines(ep["length"], ep["return"], tuple(obs.shape[1:]), obs.dtype, tuple(acts.shape[1:]),
+                            acts.dtype),
+             f"sampling    stack {attrs.get('stack')}, n-step {attrs.get('n_step')}, gamma {attrs.get('gamma')},"
+             f" pad {attrs.get('pad')!r}",
+             f"storage     chunks of {obs.chunks[0]} frames in shards of {obs.shards[0] if obs.shards else '-'},"
+             f" compression {comp}"]
+    if int(ep["final_missing"].sum()):
+        lines.append(f"note        {int(ep['final_missing'].sum())} episode(s) lack their final observation")
+    if "extras" in g:
+        lines.append("extras      " + (", ".join(f"{n} {tuple(a.shape[1:])} {a.dtype}" for n, a in g["extras"].arrays())
+                                       or "-"))
+    return lines
