@@ -110,6 +110,8 @@ class WriterMixin:
         nid = log.next_id
         epos = int(self._epos[0]) + 1
         ends = f & (TERMINATED | TRUNCATED)
+        if f & MISSING:
+            idx.has_missing = True
         idx.flags[slot] = f | (END if ends else 0) | int(self._lost[0])
         idx.epos[slot] = epos
         idx.slot_id[slot] = nid

@@ -83,7 +83,7 @@ class Index:
     handful of array stores.
     """
 
-    def __init__(self, geometry: Geometry, stack: int, n_step: int, pad: str) -> None:
+    def __init__(self, geometry: Geometry, stack: int, n_step: int, pad: str, gamma: float) -> None:
         self.geo = geometry
         self.k = stack
         self.n = n_step
@@ -92,6 +92,11 @@ class Index:
         self._ar_n = np.arange(n_step, dtype=np.int64)
         self._ar_k = np.arange(stack, dtype=np.int64)
         self._span = np.arange(-stack, n_step, dtype=np.int64)
+        self._last_col = np.arange(n_step) == n_step - 1
+        # reward weights of a window of length m: gamma**i for i < m, else 0 (row m of this table)
+        self._weights = np.array([[gamma ** i if i < m else 0.0 for i in range(n_step)]
+                                  for m in range(n_step + 1)], np.float64)
+        self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
         size = geometry.positions * geometry.rows_alloc
         self.flags = np.zeros(size, np.uint8)
         self.epos = np.zeros(size, np.int32)
@@ -170,6 +175,7 @@ class Index:
         complete = (dist < n) | (pos + n - 1 < n_rows)
         valid = tx & complete
         if (flags & MISSING).any():  # imports only: rows that would bootstrap from a missing frame
+            self.has_missing = True
             last = np.minimum(pos + np.minimum(dist + 1, n) - 1, n_rows - 1)
             last_f = ram_flags[last, cols]
             valid &= ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
@@ -299,33 +305,38 @@ class Index:
                 pad = np.zeros_like(pad)
         return self.geo.slots(s[..., None], rows), pad
 
-    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray, gammas: np.ndarray) -> Plan:
+    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray) -> Plan:
         """Everything needed to build the rows of *valid* transition slots (vectorized, no data access).
 
         Every frame a row needs lies in the span of rows ``rho-k .. rho+n-1`` of its stream (obs
         stack, n-step window, next stack), so one slot computation over that span serves all.
-        Column ``c`` of the span is row ``rho + c - k``. Span rows past the last written row are
-        clamped to it; a valid row's window never reaches them before its first episode end, so
-        they cannot change ``m``.
+        Column ``c`` of the span is row ``rho + c - k``. When no row's span leaves its chunk (all but
+        a few rows per chunk), the span's slots are the row's slot plus offsets; otherwise they are
+        computed row by row with the span clamped to retained, written rows. Either way a valid
+        row's window never reaches past its first episode end before that end, and positions
+        before its episode's first frame are padding: what such slots hold is never used.
         """
         k, n = self.k, self.n
-        s, rho = self.rows_of(slots, seq_of_pos)
-        span = rho[:, None] + self._span
-        np.maximum(span, self.oldest_row, out=span)
-        np.minimum(span, self.rows - 1, out=span)
-        sl = self.geo.slots(s[:, None], span)  # (B, k+n)
+        geo = self.geo
+        within = slots % geo.rows_alloc % geo.rows_per_stream
+        if ((within < k) | (within > geo.rows_per_stream - n)).any():
+            s, rho = self.rows_of(slots, seq_of_pos)
+            span = rho[:, None] + self._span
+            np.maximum(span, self.oldest_row, out=span)
+            np.minimum(span, self.rows - 1, out=span)
+            sl = geo.slots(s[:, None], span)  # (B, k+n)
+        else:
+            sl = slots[:, None] + self._span
         wslots = sl[:, k:]
         fl = self.flags[wslots]  # the window's frames
         ends = (fl & END) != 0
-        first_end = ends.copy()
-        first_end[:, -1] = True
-        m = first_end.argmax(axis=1) + 1  # window length: up to and including the first end
+        m = (ends | self._last_col).argmax(axis=1) + 1  # window length: up to and including the first end
         idx = np.arange(slots.size)
         last_f = fl[idx, m - 1]
         has_end = ends.any(axis=1)
         terminated = (last_f & TERMINATED) != 0
         # A span column c is before the episode's first stored frame iff c < k - epos(rho).
-        first_col = k - self.epos[slots].astype(np.int64)
+        first_col = k - self.epos[slots]
         obs_pad = self._ar_k < first_col[:, None]
         next_cols = m[:, None] + self._ar_k
         next_pad = next_cols < first_col[:, None]
@@ -336,6 +347,6 @@ class Index:
             obs_slots = np.where(obs_pad, first, obs_slots)
             next_slots = np.where(next_pad, first, next_slots)
             obs_pad = next_pad = np.zeros_like(obs_pad)
-        weights = np.where(self._ar_n < m[:, None], gammas[:n], 0.0)
-        return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, weights, m, terminated,
-                    has_end & ~terminated, terminated & ((last_f & MISSING) != 0))
+        missing = terminated & ((last_f & MISSING) != 0) if self.has_missing else np.zeros_like(terminated)
+        return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, self._weights[m], m, terminated,
+                    has_end & ~terminated, missing)

@@ -62,7 +62,7 @@ class ChunkLog:
         self.rs = schema.rows_per_stream
         self.ring = ChunkRing(root, schema, positions, writable)
         geo = Geometry(schema.num_envs, self.rs, schema.rows_alloc, positions)
-        self.index = Index(geo, schema.stack, schema.n_step, schema.pad)
+        self.index = Index(geo, schema.stack, schema.n_step, schema.pad, schema.gamma)
         self.chunks: deque[ChunkInfo] = deque()
         self.seq_of_pos = np.full(positions, -1, np.int64)
         self.next_id = 0

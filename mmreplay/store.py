@@ -295,7 +295,7 @@ class ReplayStore(WriterMixin):
         its row arithmetic, fixed now (for a copy made later in another thread)."""
         self._sync()
         log = self._log
-        before = dict(self._rng.bit_generator.state)
+        before = dict(self._rng.bit_generator.state) if plan else {}  # iterators record it for commit()
         self._draws += 1
         if self._prio is not None:
             if not replace:
@@ -729,11 +729,11 @@ class ReplayStore(WriterMixin):
     def _plan(self, ids: np.ndarray) -> Plan:
         """Row arithmetic of valid ids, from the index as it is now (the caller's thread)."""
         log = self._log
-        return log.index.plan(self._slots_of(ids), log.seq_of_pos, self._gammas)
+        return log.index.plan(self._slots_of(ids), log.seq_of_pos)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         log = self._log
-        plan = log.index.plan(slots, log.seq_of_pos, self._gammas)
+        plan = log.index.plan(slots, log.seq_of_pos)
         return assemble(plan, self._arrays, ids, self._discounts, self._extra_names, self._reader, weight)
 
     def _check_open(self) -> None:

@@ -72,7 +72,7 @@ def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list
         for _ in range(n_batches):
             b = s.sample(32)
             ids_list.append(b.index.copy())
-            plan = log.index.plan(s._slots_of(b.index), log.seq_of_pos, s._gammas)
+            plan = log.index.plan(s._slots_of(b.index), log.seq_of_pos)
             slots = np.unique(np.concatenate([plan.obs_slots.ravel(), plan.next_slots.ravel()]))
             breaks = np.flatnonzero(np.diff(slots) != 1) + 1
             runs = []
@@ -91,7 +91,7 @@ def naive(path: str, ids_list: list[np.ndarray]) -> float:
         a, rs = s.schema.rows_alloc, s.schema.rows_per_stream
         wanted = []
         for ids in ids_list:
-            plan = log.index.plan(s._slots_of(ids), log.seq_of_pos, s._gammas)
+            plan = log.index.plan(s._slots_of(ids), log.seq_of_pos)
             wanted.append(np.concatenate([plan.obs_slots.ravel(), plan.next_slots.ravel()]))
         names = {int(log.seq_of_pos[p]): c.name for c in log.chunks for p in [c.seq % log.ring.positions]}
         positions = log.ring.positions
