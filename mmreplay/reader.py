@@ -83,13 +83,11 @@ class FrameReader:
         frames = self.frames
         b, k = obs_slots.shape
         both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
-        flat = both.reshape((2 * b * k,) + frames.shape[1:])
-        index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
         requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
         if requested:
-            self.request(index)
+            self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-        self._take(frames, index, flat)
+        self._take(frames, obs_slots, next_slots, both)
         if self.prefetch_io == "auto":
             if requested:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
@@ -97,18 +95,18 @@ class FrameReader:
                 self._cold_batches = self.PROBE_EVERY
         return both[0], both[1]  # C-contiguous views of one buffer
 
-    def _take(self, frames: np.ndarray, index: np.ndarray, flat: np.ndarray) -> None:
-        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
-        if parts == 1:
-            np.take(frames, index, axis=0, out=flat, mode="clip")
-            return
-        bounds = [index.size * i // parts for i in range(parts + 1)]
-        futures: list[Future[np.ndarray]] = []
-        ex = self._workers()
-        for i in range(1, parts):
-            lo, hi = bounds[i], bounds[i + 1]
-            futures.append(ex.submit(np.take, frames, index[lo:hi], 0, flat[lo:hi], "clip"))
-        np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
+    def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
+        """Copy rows ``[lo, hi)`` of both stacks per part; parts run in parallel.
+
+        Splitting by rows, not by stack, keeps a row's obs and next_obs copies in one thread close
+        together in time: the frames they share are read from memory once and then from cache.
+        """
+        b = obs_slots.shape[0]
+        parts = min(self.threads, b, max(1, both.nbytes // self.MIN_SPLIT_BYTES))
+        bounds = [b * i // parts for i in range(parts + 1)]
+        futures = [self._workers().submit(_copy_rows, frames, obs_slots, next_slots, both, bounds[i], bounds[i + 1])
+                   for i in range(1, parts)]
+        _copy_rows(frames, obs_slots, next_slots, both, bounds[0], bounds[1])
         for f in futures:
             f.result()
 
@@ -139,3 +137,12 @@ class FrameReader:
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
+
+
+def _copy_rows(frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray, lo: int,
+               hi: int) -> None:
+    """``both[0, lo:hi] = frames[obs_slots[lo:hi]]`` and the same for next (np.take releases the GIL)."""
+    shape = frames.shape[1:]
+    for which, slots in ((0, obs_slots), (1, next_slots)):
+        out = both[which, lo:hi].reshape((-1,) + shape)
+        np.take(frames, slots[lo:hi].reshape(-1), axis=0, out=out, mode="clip")
