@@ -360,18 +360,24 @@ class ReplayStore(WriterMixin):
         if p.size and p.dtype.kind not in "biuf":
             raise TypeError(f"priorities: expected real numbers, got dtype {p.dtype}")
         p = p.astype(np.float64)
-        bad = np.flatnonzero(~np.isfinite(p) | (p < 0))
-        if bad.size:
-            raise ValueError(f"priorities[{bad[0]}] = {p[bad[0]]}: priorities must be finite and >= 0")
-        never = np.flatnonzero((ids >= self._log.next_id) | (ids < 0))
-        if never.size:
-            raise NotSampleableError(f"index[{never[0]}] = {ids[never[0]]} was never issued (next id is"
+        if not ids.size:
+            return 0
+        # Finite non-negative float64 values are exactly the bit patterns below +inf's: one comparison.
+        if (p.view(np.uint64) >= _INF_BITS).any():
+            bad = int(np.flatnonzero(~np.isfinite(p) | (p < 0))[0])
+            raise ValueError(f"priorities[{bad}] = {p[bad]}: priorities must be finite and >= 0")
+        lo, hi = int(ids.min()), int(ids.max())
+        if hi >= self._log.next_id or lo < 0:
+            never = int(np.flatnonzero((ids >= self._log.next_id) | (ids < 0))[0])
+            raise NotSampleableError(f"index[{never}] = {ids[never]} was never issued (next id is"
                                      f" {self._log.next_id})")
         self._sync()  # transitions whose window closed before this update enter with the old maximum
-        ok = self._ids_valid(ids)
-        skipped = int(ids.size - np.count_nonzero(ok))
-        self._skipped_updates += skipped
-        ids, p = ids[ok], p[ok]
+        ok = self._valid_in_range(ids) if lo >= self._log.oldest_id else self._ids_valid(ids)
+        n_ok = int(np.count_nonzero(ok))
+        skipped = ids.size - n_ok
+        if skipped:
+            self._skipped_updates += skipped
+            ids, p = ids[ok], p[ok]
         if len(set(ids.tolist())) < ids.size:  # repeated ids: the last occurrence wins
             _, last = np.unique(ids[::-1], return_index=True)
             keep = ids.size - 1 - last
@@ -757,6 +763,7 @@ class ReplayStore(WriterMixin):
                             " read-only (sampling still works); free space or fix the disk, then reopen it")
 
 
+_INF_BITS = np.uint64(0x7FF0000000000000)
 _WRITERS: weakref.WeakSet[ReplayStore] = weakref.WeakSet()
 
 

@@ -51,8 +51,10 @@ class PrioritySampler:
         """Set raw priorities (finite, >= 0) of distinct sampleable slots (validated by the caller)."""
         if slots.size:
             self.raw[slots] = priorities
-            self.tree.set_distinct(slots, self.mass(priorities))
-            self.max_priority = max(self.max_priority, float(priorities.max()))
+            self.tree.set_distinct(slots, np.power(priorities + self.eps, self.alpha))
+            top = float(priorities.max())
+            if top > self.max_priority:
+                self.max_priority = top
 
     def restore(self, slots: np.ndarray, priorities: np.ndarray, masses: np.ndarray, max_priority: float) -> None:
         """Load committed raw priorities and tree masses of the sampleable slots (the rest stay 0).
