@@ -376,11 +376,11 @@ def _no_pillow(command: str, exc: ImportError) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    try:
-        _pil()
-    except ImportError as exc:
-        return _no_pillow("show", exc)
-    with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:
+    with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:  # a wrong path is reported first
+        try:
+            _pil()
+        except ImportError as exc:
+            return _no_pillow("show", exc)
         if args.ids:
             batch = store.gather(np.asarray(args.ids, np.int64))
         else:

@@ -131,7 +131,7 @@ def test_minari_missing_episode_group_and_data_file(tmp_path, minari_dir):
 
 
 def test_minari_jpeg_frames_are_decoded_or_refused(tmp_path, monkeypatch):
-    from PIL import Image
+    Image = require("PIL.Image")
 
     src = small_store(tmp_path / "src", obs_shape=(32, 32), dtype="uint8")
     export(src, tmp_path / "root", format="minari", dataset_id="t/jpeg-v0", progress=False)
