@@ -34,20 +34,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _report import table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.bench import disk_bytes  # noqa: E402
+from mmreplay.bench import disk_bytes, rss_anon_mb  # noqa: E402
 from mmreplay.datasets import export, import_dataset  # noqa: E402
 from mmreplay.synthetic import atari_like_episodes  # noqa: E402
 
 FRAME = 84 * 84
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def rss_anon_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 class PeakRss:
