@@ -96,17 +96,18 @@ class FrameReader:
         return both[0], both[1]  # C-contiguous views of one buffer
 
     def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
-        """Copy rows ``[lo, hi)`` of both stacks per part; parts run in parallel.
+        """One gather of all ``2 * B * k`` frames into ``both``, split in equal parts run in parallel.
 
-        Splitting by rows, not by stack, keeps a row's obs and next_obs copies in one thread close
-        together in time: the frames they share are read from memory once and then from cache.
+        (Splitting by rows instead, to keep a row's obs and next_obs copies in one thread, measured
+        ~5% slower here: it doubles the number of calls.)
         """
-        b = obs_slots.shape[0]
-        parts = min(self.threads, b, max(1, both.nbytes // self.MIN_SPLIT_BYTES))
-        bounds = [b * i // parts for i in range(parts + 1)]
-        futures = [self._workers().submit(_copy_rows, frames, obs_slots, next_slots, both, bounds[i], bounds[i + 1])
-                   for i in range(1, parts)]
-        _copy_rows(frames, obs_slots, next_slots, both, bounds[0], bounds[1])
+        flat = both.reshape((-1,) + frames.shape[1:])
+        index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
+        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+        bounds = [index.size * i // parts for i in range(parts + 1)]
+        futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
+                                          flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
+        np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
         for f in futures:
             f.result()
 
@@ -138,11 +139,3 @@ class FrameReader:
             self._executor.shutdown()
             self._executor = None
 
-
-def _copy_rows(frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray, lo: int,
-               hi: int) -> None:
-    """``both[0, lo:hi] = frames[obs_slots[lo:hi]]`` and the same for next (np.take releases the GIL)."""
-    shape = frames.shape[1:]
-    for which, slots in ((0, obs_slots), (1, next_slots)):
-        out = both[which, lo:hi].reshape((-1,) + shape)
-        np.take(frames, slots[lo:hi].reshape(-1), axis=0, out=out, mode="clip")
