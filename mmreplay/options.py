@@ -14,7 +14,8 @@ import numpy as np
 
 __all__ = ["Prioritized", "Schema", "ExtraSpec"]
 
-PAGE_ROWS = 4096  # chunk files are sized in multiples of this many rows (see FORMAT.md)
+PAGE_ROWS = 4096  # a chunk's stride in the ring is a multiple of this many rows (see FORMAT.md)
+MAX_MAPPED_FILES = 30_000  # chunk files mapped at once: half of Linux's default vm.max_map_count
 TARGET_CHUNK_BYTES = 16 * 2**20
 
 
@@ -171,6 +172,13 @@ class Schema:
                 raise ValueError(
                     f"chunk_size must be a multiple of num_envs={num_envs} (each env gets an equal share of"
                     f" every chunk), got {chunk_size}; use {chunk_size + num_envs - chunk_size % num_envs}")
+        # Every chunk file is a memory mapping, and Linux allows ~65,000 per process (vm.max_map_count).
+        files = (-(-capacity // chunk_size) + 2) * (4 + len(specs))
+        if files > MAX_MAPPED_FILES:
+            least = -(-capacity * (4 + len(specs)) // (MAX_MAPPED_FILES - 2 * (4 + len(specs))))
+            raise ValueError(
+                f"chunk_size={chunk_size} makes ~{files:,} chunk files for capacity={capacity:,}, each one memory"
+                f" mapping (at most {MAX_MAPPED_FILES:,} are allowed); use chunk_size >= {least} or the default")
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"prioritized must be mr.Prioritized(...) or None, got {prioritized!r}")
         return cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,

@@ -150,6 +150,7 @@ def test_create_on_non_empty_directory(tmp_path):
     (dict(extras={"reward": ((), "float32")}), ["reserved"]),
     (dict(extras={"x": "float32"}), ["(shape, dtype)"]),
     (dict(prioritized={"alpha": 0.6}), ["mr.Prioritized"]),
+    (dict(capacity=1_000_000, chunk_size=64), ["chunk_size=64", "memory", "chunk_size >= "]),
 ])
 def test_create_arguments_are_validated(tmp_path, kw, words):
     args = dict(capacity=10, obs_shape=(2,))
