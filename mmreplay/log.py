@@ -245,7 +245,9 @@ class ChunkLog:
             raise CorruptStoreError(f"{mpath}: {rows} rows do not end in the last listed chunk {seqs[-1]}")
         if any(c.sealed for c in chunks[-1:]) and rows % rs:
             raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
-        positions = max(initial_positions(schema), len(chunks) + 1, int(body.get("ring_positions", 0)))
+        # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
+        # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
+        positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions)
         try:
             log._load(chunks, rows, next_id, writable)

@@ -115,3 +115,24 @@ def test_ring_grows_when_short_episodes_fill_chunks_with_starts(tmp_path):
     pair.store = mr.ReplayStore.open(str(tmp_path / "s"))
     assert_same(pair)
     pair.store.close()
+
+
+def test_reopen_after_the_ring_grew_keeps_its_layout_and_draws(tmp_path):
+    """A writer may use every ring position; a store reopened at such a commit must have the same
+    positions (so the same slots), or its draws after resume would differ from the uninterrupted run's."""
+    path = str(tmp_path / "s")
+    s = mr.ReplayStore.create(path, capacity=40, obs_shape=(1,), obs_dtype="int32", stack=2, chunk_size=8,
+                              seed=5)
+    start, full_rings = s._log.ring.positions, 0
+    for t in range(400):
+        s.reset(np.array([t], np.int32))
+        s.step(0, 1.0, np.array([t], np.int32), t % 2 == 0, t % 2 == 1)
+        if t % 7 == 6 and len(s):
+            s.commit()
+            full_rings += len(s._log.chunks) == s._log.ring.positions
+            with mr.ReplayStore.open(path, mode="r") as r:
+                assert r._log.ring.positions == s._log.ring.positions
+                for _ in range(3):
+                    np.testing.assert_array_equal(r.sample(8).index, s.sample(8).index)
+    assert s._log.ring.positions > start and full_rings  # the case this test is about did occur
+    s.close()
