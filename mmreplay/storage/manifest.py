@@ -51,7 +51,14 @@ def write_atomic(path: str, data: bytes) -> None:
 def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -> None:
     body = dict(body, format=FORMAT_NAME, format_version=FORMAT_VERSION)
     doc = dict(body, checksum=zlib.crc32(_canonical(body)))
-    write_atomic(os.path.join(directory, name), json.dumps(doc, sort_keys=True, indent=1).encode())
+    write_atomic(os.path.join(directory, name), _readable(doc))
+
+
+def _readable(doc: dict[str, Any]) -> bytes:
+    """One top-level key per line, each value compact: readable, and written by json's C encoder
+    (``indent=`` would switch to its pure-Python one, ~25 ms for a 1M-transition store's chunk list)."""
+    lines = [f"{json.dumps(k)}: {json.dumps(doc[k], sort_keys=True, separators=(', ', ': '))}" for k in sorted(doc)]
+    return ("{\n " + ",\n ".join(lines) + "\n}\n").encode()
 
 
 def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> dict[str, Any]:
