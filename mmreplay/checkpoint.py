@@ -33,8 +33,8 @@ def write_array(root: str, name: str, generation: int, array: np.ndarray) -> str
     return rel
 
 
-def read_array(root: str, rel: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    """Read a state file the manifest refers to, checking dtype and shape; errors name the file."""
+def read_array(root: str, rel: str, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
+    """Read a state file the manifest refers to, checking dtype and shape (unless None); errors name the file."""
     path = os.path.join(root, rel)
     try:
         arr = np.load(path, allow_pickle=False)
@@ -42,8 +42,9 @@ def read_array(root: str, rel: str, dtype: np.dtype, shape: tuple[int, ...]) -> 
         raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
     except (ValueError, OSError, EOFError) as exc:
         raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
-    if arr.dtype != dtype or arr.shape != shape:
-        raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
+    if arr.dtype != dtype or (shape is not None and arr.shape != shape):
+        want = f"{dtype}{list(shape)}" if shape is not None else str(dtype)
+        raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected {want}")
     return arr
 
 

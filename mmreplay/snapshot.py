@@ -137,8 +137,8 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
                 link_or_copy(os.path.join(snapshot_dir, "chunks", filename), os.path.join(tmp, "chunks", filename))
         fsync_dir(os.path.join(tmp, "chunks"))
         prio = doc.get("priorities")
-        if prio:
-            link_or_copy(os.path.join(snapshot_dir, prio["file"]), os.path.join(tmp, prio["file"]))
+        for rel in [prio["file"], *prio.get("deltas", [])] if prio else []:
+            link_or_copy(os.path.join(snapshot_dir, rel), os.path.join(tmp, rel))
         from .storage.manifest import write_manifest
 
         body = {k: v for k, v in doc.items() if k not in ("format", "format_version", SNAPSHOT_KEY)}

@@ -83,6 +83,7 @@ class ReplayStore(WriterMixin):
         self._resume_draws, self._resume_rng = _pending_from_manifest(manifest) if seed is None else ([], {})
         self._read_threads = read_threads
         self._skipped_updates = 0
+        self._prio_chain: dict[str, Any] | None = None  # the manifest's priorities entry this state builds on
         self._attach(manifest)
         if mode == "r+":
             self._log.remove_strays()
@@ -420,30 +421,66 @@ class ReplayStore(WriterMixin):
                              " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
         return self._prio
 
-    def _priorities_state(self, generation: int, root: str) -> dict[str, Any] | None:
-        """Write the raw priorities and tree masses of every retained id under ``root``; return the
-        manifest entry."""
-        if self._prio is None:
+    def _priorities_state(self, generation: int, root: str, delta: bool) -> dict[str, Any] | None:
+        """Write the priority state under ``root``; return the manifest entry.
+
+        A full file holds the raw priority and tree mass of every retained id. With ``delta`` (a commit
+        in place), when the last commit's files are there to build on and few slots changed since, only
+        the changed ids are written, as a delta file listed after the previous ones: a commit then costs
+        O(changes), not O(capacity). A full file replaces the chain once the deltas would add up to a
+        quarter of the retained ids or number 64 files.
+        """
+        prio = self._prio
+        if prio is None:
             return None
         log = self._log
-        ids = np.arange(log.oldest_id, log.next_id, dtype=np.int64)
-        table = np.full((2, ids.size), np.nan)
-        slots = self._slots_of(ids)
-        ok = log.index.valid[slots]
-        table[0, ok] = self._prio.raw[slots[ok]]
-        table[1, ok] = self._prio.tree.get(slots[ok])
+        entry = {"max_priority": prio.max_priority, "beta": prio.beta, "skipped_updates": self._skipped_updates}
+        chain = self._prio_chain
+        if delta and chain is not None and not prio.dirty_all:
+            slots = prio.dirty_slots()
+            ids = log.index.slot_id[slots]
+            keep = (ids >= log.oldest_id) & (ids < log.next_id)
+            slots, ids = slots[keep], ids[keep]
+            rows = int(chain.get("delta_rows", 0)) + ids.size
+            if rows <= (log.next_id - log.oldest_id) // 4 and len(chain.get("deltas", [])) < 64:
+                table = np.full((3, ids.size), np.nan)
+                table[0] = ids
+                ok = log.index.valid[slots]
+                table[1, ok] = prio.raw[slots[ok]]
+                table[2, ok] = prio.tree.get(slots[ok])
+                rel = checkpoint.write_array(root, "priorities-delta", generation, table)
+                return {**entry, "file": chain["file"], "first_id": chain["first_id"],
+                        "deltas": [*chain.get("deltas", []), rel], "delta_rows": rows}
+        slots = self._slots_of_range(log.oldest_id, log.next_id)
+        table = np.empty((2, slots.size))
+        prio.raw.take(slots, out=table[0])
+        table[1] = prio.tree.get(slots)
+        np.copyto(table, np.nan, where=~log.index.valid.take(slots))
         rel = checkpoint.write_array(root, "priorities", generation, table)
-        return {"file": rel, "first_id": int(log.oldest_id), "max_priority": self._prio.max_priority,
-                "beta": self._prio.beta, "skipped_updates": self._skipped_updates}
+        return {**entry, "file": rel, "first_id": int(log.oldest_id), "deltas": [], "delta_rows": 0}
 
     def _restore_priorities(self, prio: PrioritySampler, state: dict[str, Any] | None,
                             valid_slots: np.ndarray, log: ChunkLog) -> None:
+        self._prio_chain = state
         if state is None:  # a store committed before anything was sampleable
             prio.add(valid_slots)
             return
-        n = log.next_id - int(state["first_id"])
-        table = checkpoint.read_array(self._path, state["file"], np.dtype(np.float64), (2, n))
-        pos = log.index.slot_id[valid_slots] - int(state["first_id"])
+        first, deltas = int(state["first_id"]), state.get("deltas", [])
+        if not deltas:
+            table = checkpoint.read_array(self._path, state["file"], np.dtype(np.float64), (2, log.next_id - first))
+        else:  # the full file covers the ids of its commit; the deltas, in order, what changed since
+            base = self._state_array(state["file"], 2)
+            if base.shape[1] > log.next_id - first:
+                raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: covers {base.shape[1]}"
+                                        f" ids from {first}, the store issued only {log.next_id - first}")
+            table = np.full((2, log.next_id - first), np.nan)
+            table[:, : base.shape[1]] = base
+        for rel in deltas:  # later files win
+            d = self._state_array(rel, 3)
+            pos = d[0].astype(np.int64) - first
+            inside = (pos >= 0) & (pos < table.shape[1])
+            table[:, pos[inside]] = d[1:, inside]
+        pos = log.index.slot_id[valid_slots] - first
         raw, mass = table[0, pos], table[1, pos]
         if np.isnan(raw).any():
             raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: no priority for sampleable"
@@ -451,6 +488,17 @@ class ReplayStore(WriterMixin):
         prio.restore(valid_slots, raw, mass, float(state["max_priority"]))
         prio.beta = float(state["beta"])
         self._skipped_updates = int(state["skipped_updates"])
+
+    def _state_array(self, rel: str, rows: int) -> np.ndarray:
+        arr = checkpoint.read_array(self._path, rel, np.dtype(np.float64), None)
+        if arr.ndim != 2 or arr.shape[0] != rows:
+            raise CorruptStoreError(f"{os.path.join(self._path, rel)}: holds shape {list(arr.shape)},"
+                                    f" expected [{rows}, n]")
+        return arr
+
+    @staticmethod
+    def _priority_files(entry: dict[str, Any] | None) -> set[str]:
+        return {entry["file"], *entry.get("deltas", [])} if entry else set()
 
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
@@ -555,7 +603,10 @@ class ReplayStore(WriterMixin):
 
     # -- durability ------------------------------------------------------------------------------------
     def commit(self) -> None:
-        """Make the current state the durable resume point (in place). O(open chunk + in-RAM state).
+        """Make the current state the durable resume point (in place).
+
+        Costs the open chunk plus what changed since the last commit: priorities go out as a delta of the
+        changed ids (rewritten in full once the deltas reach a quarter of the retained ids).
 
         After a crash, ``open()`` returns exactly this state: transitions, priorities, the sampling RNG
         (as of the last batch handed out) and ``metadata``.
@@ -564,20 +615,23 @@ class ReplayStore(WriterMixin):
         try:
             self._log.sync_open_chunk()
             gen = self._generation + 1
-            body = self._state_body(gen, self._path)
+            body = self._state_body(gen, self._path, delta=True)
             write_manifest(self._path, body)
         except OSError as exc:
             raise self._fail(exc, "committing") from exc
         self._generation, self._committed_at = gen, body["committed_at"]
+        if self._prio is not None:
+            self._prio_chain = body["priorities"]
+            self._prio.clean()
         self._log.after_commit()
-        checkpoint.remove_unreferenced(self._path, {body["priorities"]["file"]} if body["priorities"] else set())
+        checkpoint.remove_unreferenced(self._path, self._priority_files(body["priorities"]))
 
-    def _state_body(self, generation: int, root: str) -> dict[str, Any]:
+    def _state_body(self, generation: int, root: str, delta: bool = False) -> dict[str, Any]:
         """The manifest body describing the current state (state files written under ``root``)."""
         self._sync()  # the state written includes every transition whose window has closed
         return {"generation": generation, "committed_at": time.time(), "schema": self._schema.to_json(),
                 "metadata": _json_dict(self.metadata), "snapshots": self._snapshots,
-                "priorities": self._priorities_state(generation, root), **self._sampling_state(),
+                "priorities": self._priorities_state(generation, root, delta), **self._sampling_state(),
                 **self._log.manifest_body()}
 
     def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
@@ -605,7 +659,7 @@ class ReplayStore(WriterMixin):
                                        "saved_at": saved_at}
         write_manifest(target, body)
         snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]},
-                                 {body["priorities"]["file"]} if body["priorities"] else set())
+                                 self._priority_files(body["priorities"]))
         self._snapshots = [s for s in self._snapshots if s["path"] != target][-15:]
         self._snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
         if keep is not None:
@@ -699,6 +753,13 @@ class ReplayStore(WriterMixin):
     def _slots_of(self, ids: np.ndarray) -> np.ndarray:
         idx = self._log.index
         return idx.id2slot[ids % idx.id2slot.size]
+
+    def _slots_of_range(self, lo: int, hi: int) -> np.ndarray:
+        """``_slots_of(np.arange(lo, hi))`` for retained ids, without the arithmetic: at most two slices."""
+        table = self._log.index.id2slot
+        a = lo % table.size
+        b = a + (hi - lo)
+        return table[a:b] if b <= table.size else np.concatenate([table[a:], table[: b - table.size]])
 
     def _valid_in_range(self, ids: np.ndarray) -> np.ndarray:
         """Sampleable mask of ids known to lie in the retained range."""

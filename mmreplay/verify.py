@@ -76,8 +76,8 @@ def verify_store(path: str) -> list[str]:
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
     prio = doc.get("priorities")
-    if prio:
-        fpath = os.path.join(path, prio["file"])
+    for rel in [prio["file"], *prio.get("deltas", [])] if prio else []:
+        fpath = os.path.join(path, rel)
         if not os.path.exists(fpath):
             problems.append(f"{fpath}: priorities state file is missing")
     if not problems:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers import assert_row_equal, make_pair
@@ -207,3 +209,73 @@ def test_tree_holds_mass_only_on_sampleable_slots(tmp_path):
     n = len(s)
     assert s._prio.tree.count_positive == n  # internal check: no mass on evicted or pending slots
     s.close()
+
+
+def _same_priority_state(a: mr.ReplayStore, b: mr.ReplayStore) -> None:
+    """Bit-for-bit the same sampleable set, raw priorities, tree masses and tree root."""
+    ids = a.sampleable_ids()
+    np.testing.assert_array_equal(ids, b.sampleable_ids())
+    np.testing.assert_array_equal(a.priorities(ids), b.priorities(ids))
+    np.testing.assert_array_equal(a._prio.tree.get(a._slots_of(ids)), b._prio.tree.get(b._slots_of(ids)))
+    assert a._prio.tree.total == b._prio.tree.total and a.max_priority == b.max_priority
+
+
+def test_commits_write_priority_deltas_that_reopen_exactly(tmp_path):
+    """Commits in place write only the changed priorities (delta files after a full one); a reader of
+    every commit rebuilds the writer's tree bit for bit, across evictions, a ring that grows (one-step
+    episodes), compaction into a new full file, and two interleaved env streams."""
+    path = tmp_path / "s"
+    s = mr.ReplayStore.create(path, capacity=1500, obs_shape=(2,), obs_dtype="int32", stack=2, n_step=3,
+                              chunk_size=32, num_envs=2, prioritized=PRIO, seed=3)
+    rng = np.random.default_rng(0)
+    s.reset(np.zeros((2, 2), np.int32))
+    kinds, growth_seen = [], False
+    positions = s._log.ring.positions
+    for commit in range(60):
+        one_step = 25 <= commit < 32  # short episodes fill chunks with starts: the ring grows
+        for _ in range(int(rng.integers(5, 40)) if commit else 900):
+            end = rng.random(2) < (0.9 if one_step else 0.05)
+            s.step(rng.integers(0, 3, 2), rng.random(2), rng.integers(0, 99, (2, 2)).astype(np.int32), end,
+                   np.zeros(2, bool))
+            if len(s) and rng.random() < 0.3:
+                b = s.sample(8)
+                s.update_priorities(b.index, rng.random(8) * rng.choice([0.5, 3.0]))
+        s.commit()
+        growth_seen |= s._log.ring.positions != positions
+        entry = s._prio_chain
+        kinds.append("delta" if entry["deltas"] else "full")
+        referenced = {os.path.basename(f) for f in [entry["file"], *entry["deltas"]]}
+        assert set(os.listdir(path / "state")) == referenced  # nothing else is kept
+        with mr.ReplayStore.open(path, mode="r") as r:
+            _same_priority_state(s, r)
+            for _ in range(2):  # the reader samples what the writer samples from this commit on
+                rb, wb = r.sample(8), s.sample(8)
+                np.testing.assert_array_equal(rb.index, wb.index)
+                np.testing.assert_array_equal(rb.weight, wb.weight)
+    assert growth_seen, kinds
+    assert kinds.count("delta") > 30  # most commits wrote a delta...
+    # ...and the chain was compacted into a new full file after its first one
+    assert any(a == "delta" and b == "full" for a, b in zip(kinds, kinds[1:], strict=False))
+    s.close()
+    with mr.ReplayStore.open(path) as w:  # a writer reopening a chain continues it
+        b = w.sample(8)
+        w.update_priorities(b.index, np.full(8, 7.0))
+        w.commit()
+        assert w._prio_chain["deltas"]
+        with mr.ReplayStore.open(path, mode="r") as r:
+            _same_priority_state(w, r)
+            np.testing.assert_array_equal(r.priorities(np.unique(b.index)), 7.0)
+
+
+def test_a_missing_priority_delta_is_named(tmp_path):
+    s = _store(tmp_path / "s", capacity=200, steps=120, chunk_size=16)
+    s.commit()
+    s.update_priorities(s.sampleable_ids()[:5], np.full(5, 2.0))
+    s.commit()
+    delta = s._prio_chain["deltas"][-1]
+    s.close()
+    os.unlink(tmp_path / "s" / delta)
+    with pytest.raises(mr.CorruptStoreError, match=os.path.basename(delta)):
+        mr.ReplayStore.open(tmp_path / "s", mode="r")
+    problems = mr.verify_store(str(tmp_path / "s"))
+    assert any(os.path.basename(delta) in p for p in problems)

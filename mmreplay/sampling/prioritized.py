@@ -31,6 +31,36 @@ class PrioritySampler:
         self.tree = SumTree(size)
         self.raw = np.zeros(size, np.float64)
         self.max_priority = 1.0
+        # Slots whose raw priority or mass changed since the last commit (for a delta state file),
+        # or dirty_all when only a full state file will do (after a relayout, or too many changes).
+        self._dirty: list[np.ndarray] = []
+        self._n_dirty = 0
+        self.dirty_all = False
+
+    def _touch(self, slots: np.ndarray) -> None:
+        if self.dirty_all:
+            return
+        self._dirty.append(np.array(slots, np.int64))
+        self._n_dirty += slots.size
+        if self._n_dirty > self.raw.size // 4 + 4096:
+            self.mark_all_dirty()
+        elif len(self._dirty) >= 1024:
+            self._dirty = [self.dirty_slots()]
+
+    def dirty_slots(self) -> np.ndarray:
+        """The distinct slots changed since ``clean()`` (sorted int64); meaningless when ``dirty_all``."""
+        if not self._dirty:
+            return np.empty(0, np.int64)
+        return np.unique(np.concatenate(self._dirty))
+
+    def mark_all_dirty(self) -> None:
+        self.dirty_all = True
+        self._dirty, self._n_dirty = [], 0
+
+    def clean(self) -> None:
+        """The current state is what is on disk (a commit wrote it)."""
+        self.dirty_all = False
+        self._dirty, self._n_dirty = [], 0
 
     def mass(self, p: np.ndarray | float) -> np.ndarray:
         return np.power(np.asarray(p, np.float64) + self.eps, self.alpha)
@@ -40,18 +70,21 @@ class PrioritySampler:
         if slots.size:
             self.raw[slots] = self.max_priority
             self.tree.set_distinct(slots, float(self.mass(self.max_priority)))
+            self._touch(slots)
 
     def clear(self, slots: np.ndarray) -> None:
         """Slots that stopped being sampleable (retired, or their stack history went) lose their mass."""
         if slots.size:
             self.raw[slots] = 0.0
             self.tree.set_distinct(slots, 0.0)
+            self._touch(slots)
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         """Set raw priorities (finite, >= 0) of distinct sampleable slots (validated by the caller)."""
         if slots.size:
             self.raw[slots] = priorities
             self.tree.set_distinct(slots, np.power(priorities + self.eps, self.alpha))
+            self._touch(slots)
             top = float(priorities.max())
             if top > self.max_priority:
                 self.max_priority = top
@@ -68,6 +101,7 @@ class PrioritySampler:
         leaves[slots] = masses
         self.tree.load_leaves(leaves)
         self.max_priority = float(max_priority)
+        self.clean()
 
     def sample(self, rng: np.random.Generator, batch_size: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
         """Stratified draw of ``batch_size`` slots and their importance weights (float32)."""
@@ -86,3 +120,4 @@ class PrioritySampler:
             leaves[new] = old_leaves[old]
         self.raw = raw
         self.tree = SumTree.from_leaves(leaves)
+        self.mark_all_dirty()  # slots moved: a delta by slot would be meaningless
