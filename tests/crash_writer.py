@@ -1,5 +1,8 @@
 """A writer to kill: a deterministic episode stream with frequent commits and snapshots.
 
+Capacity 150 with chunks of 8: chunks seal and retire constantly, and about every other commit (once
+the store holds ~100 transitions) writes its priorities as a delta rather than in full.
+
 Run as a script (``python crash_writer.py STORE SNAPSHOT SEED STEPS``); it prints ``R`` when it
 starts writing, and ``C <generation> <t>`` / ``S <generation> <t>`` just *before* each commit /
 snapshot, where ``t`` is the number of stream events (resets and steps) written so far, so a
@@ -12,7 +15,7 @@ import sys
 
 import numpy as np
 
-CFG = dict(capacity=60, obs_shape=(3,), obs_dtype="int32", stack=3, n_step=2, gamma=0.9, chunk_size=8)
+CFG = dict(capacity=150, obs_shape=(3,), obs_dtype="int32", stack=3, n_step=2, gamma=0.9, chunk_size=8)
 PRIO = dict(alpha=0.6, beta=0.4, eps=1e-6)
 
 
@@ -43,16 +46,12 @@ def replay(target, seed: int, count: int) -> None:  # noqa: ANN001
             target.step(*ev[1:])
 
 
-def main() -> None:
-    import mmreplay as mr
-
-    path, snap, seed, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    store = mr.ReplayStore.create(path, prioritized=mr.Prioritized(**PRIO), seed=seed, **CFG)
+def drive(store, seed: int, count: int, commit=None, save=None) -> None:  # noqa: ANN001
+    """The writer's loop over the first ``count`` events: writes, a sample + priority update every third
+    event, ``commit(events_written)`` every 13th and ``save(events_written)`` every 41st."""
     rng = np.random.default_rng(seed + 1)
-    print("R", flush=True)
-    gen, snap_gen = 0, 0
     for i, ev in enumerate(events(seed)):
-        if i == total:
+        if i == count:
             break
         if ev[0] == "reset":
             store.reset(ev[1])
@@ -61,14 +60,30 @@ def main() -> None:
         if len(store) and i % 3 == 0:
             b = store.sample(4)
             store.update_priorities(b.index, rng.random(4) + 0.1)
-        if i % 13 == 12:
-            gen += 1
-            print(f"C {gen} {i + 1}", flush=True)
-            store.commit()
-        if i % 41 == 40:
-            snap_gen += 1
-            print(f"S {snap_gen} {i + 1}", flush=True)
-            store.save(snap)
+        if commit is not None and i % 13 == 12:
+            commit(i + 1)
+        if save is not None and i % 41 == 40:
+            save(i + 1)
+
+
+def create(path: str, seed: int):  # noqa: ANN201
+    import mmreplay as mr
+
+    return mr.ReplayStore.create(path, prioritized=mr.Prioritized(**PRIO), seed=seed, **CFG)
+
+
+def main() -> None:
+    path, snap, seed, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    store = create(path, seed)
+    print("R", flush=True)
+    gens = {"C": 0, "S": 0}
+
+    def announce(kind: str, written: int) -> None:
+        gens[kind] += 1
+        print(f"{kind} {gens[kind]} {written}", flush=True)
+
+    drive(store, seed, total, commit=lambda n: (announce("C", n), store.commit()),
+          save=lambda n: (announce("S", n), store.save(snap)))
     print("D", flush=True)
 
 

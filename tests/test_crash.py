@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from crash_writer import CFG, replay
+from crash_writer import CFG, create, drive, replay
 from helpers import Pair, assert_same
 from model import ModelStore
 
@@ -41,7 +41,7 @@ def kill_trial(tmp: str, seed: int, delay: float, total: int = 400) -> dict:
     store = mr.ReplayStore.open(path)
     gen = store.generation
     assert gen in commits and gen >= max(commits) - 1, (gen, commits)  # the last finished commit or the one in flight
-    _check(store, seed, commits[gen])
+    _check(store, seed, commits[gen], os.path.join(tmp, "replica"))
     # writing continues from the commit, and the next commit is durable
     store.step(0, 0.0, np.zeros(3, np.int32), False, False) if store._ep_open[0] else store.reset(
         np.zeros(3, np.int32))
@@ -57,13 +57,26 @@ def kill_trial(tmp: str, seed: int, delay: float, total: int = 400) -> dict:
         else:
             sg = loaded.generation
             assert sg in snaps, (sg, snaps)
-            _check(loaded, seed, snaps[sg])
+            _check(loaded, seed, snaps[sg], os.path.join(tmp, "replica-snap"))
             loaded.close()
             snapshot_state = "loaded"
     return {"generation": gen, "snapshot": snapshot_state, "finished": "D" in out.split()}
 
 
-def _check(store: mr.ReplayStore, seed: int, events_written: int) -> None:
+def _check(store: mr.ReplayStore, seed: int, events_written: int, replica_path: str) -> None:
+    # priorities and the sampling RNG first (the row checks below sample): those of an uninterrupted
+    # writer after the same events
+    replica = create(replica_path, seed)
+    drive(replica, seed, events_written)
+    ids = replica.sampleable_ids()
+    np.testing.assert_array_equal(store.sampleable_ids(), ids)
+    np.testing.assert_array_equal(store.priorities(ids), replica.priorities(ids))
+    assert store.max_priority == replica.max_priority
+    if ids.size:
+        a, b = store.sample(4), replica.sample(4)
+        np.testing.assert_array_equal(a.index, b.index)
+        np.testing.assert_array_equal(a.weight, b.weight)
+    replica.close()
     model = ModelStore(**CFG)
     replay(model, seed, events_written)
     assert_same(Pair(store, model))

@@ -2,7 +2,8 @@
 
 Each trial runs tests/crash_writer.py (commits every 13 events, snapshots every 41, chunks of 8 slots so
 sealing and retirement happen constantly), SIGKILLs it after a random delay, then checks that the store
-reopens at a commit it made, equal to the reference model, that writing continues, and that the snapshot
+reopens at a commit it made, equal to the reference model (priorities and sampling RNG equal to an
+uninterrupted writer's at that commit), that writing continues, and that the snapshot
 either loads to the state it was saved at or is refused with a clear error.
 
     python tools/crash_soak.py --trials 300
