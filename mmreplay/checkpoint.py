@@ -10,6 +10,7 @@ Nothing is pickled.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -33,8 +34,8 @@ def write_array(root: str, name: str, generation: int, array: np.ndarray) -> str
     return rel
 
 
-def read_array(root: str, rel: str, dtype: np.dtype, shape: tuple[int, ...] | None) -> np.ndarray:
-    """Read a state file the manifest refers to, checking dtype and shape (unless None); errors name the file."""
+def read_table(root: str, rel: str, rows: int) -> np.ndarray:
+    """Read a state file the manifest refers to: a float64 table of ``rows`` rows. Errors name the file."""
     path = os.path.join(root, rel)
     try:
         arr = np.load(path, allow_pickle=False)
@@ -42,10 +43,14 @@ def read_array(root: str, rel: str, dtype: np.dtype, shape: tuple[int, ...] | No
         raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
     except (ValueError, OSError, EOFError) as exc:
         raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
-    if arr.dtype != dtype or (shape is not None and arr.shape != shape):
-        want = f"{dtype}{list(shape)}" if shape is not None else str(dtype)
-        raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected {want}")
+    if arr.dtype != np.float64 or arr.ndim != 2 or arr.shape[0] != rows:
+        raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected float64[{rows}, n]")
     return arr
+
+
+def priority_files(entry: dict[str, Any] | None) -> list[str]:
+    """The state files a manifest's ``priorities`` entry refers to: the full file, then its deltas."""
+    return [entry["file"], *entry.get("deltas", [])] if entry else []
 
 
 def remove_unreferenced(root: str, keep: set[str]) -> None:

@@ -18,6 +18,7 @@ import shutil
 import time
 from typing import Any
 
+from .checkpoint import priority_files
 from .errors import NotAStoreError, StoreNotFoundError
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_file, chunk_of_file
@@ -136,8 +137,7 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
             if chunk_of_file(filename) in wanted:
                 link_or_copy(os.path.join(snapshot_dir, "chunks", filename), os.path.join(tmp, "chunks", filename))
         fsync_dir(os.path.join(tmp, "chunks"))
-        prio = doc.get("priorities")
-        for rel in [prio["file"], *prio.get("deltas", [])] if prio else []:
+        for rel in priority_files(doc.get("priorities")):
             link_or_copy(os.path.join(snapshot_dir, rel), os.path.join(tmp, rel))
         from .storage.manifest import write_manifest
 

@@ -443,21 +443,24 @@ class ReplayStore(WriterMixin):
             slots, ids = slots[keep], ids[keep]
             rows = int(chain.get("delta_rows", 0)) + ids.size
             if rows <= (log.next_id - log.oldest_id) // 4 and len(chain.get("deltas", [])) < 64:
-                table = np.full((3, ids.size), np.nan)
+                table = np.empty((3, ids.size))
                 table[0] = ids
-                ok = log.index.valid[slots]
-                table[1, ok] = prio.raw[slots[ok]]
-                table[2, ok] = prio.tree.get(slots[ok])
+                self._priority_columns(slots, table[1:])
                 rel = checkpoint.write_array(root, "priorities-delta", generation, table)
                 return {**entry, "file": chain["file"], "first_id": chain["first_id"],
                         "deltas": [*chain.get("deltas", []), rel], "delta_rows": rows}
         slots = self._slots_of_range(log.oldest_id, log.next_id)
         table = np.empty((2, slots.size))
-        prio.raw.take(slots, out=table[0])
-        table[1] = prio.tree.get(slots)
-        np.copyto(table, np.nan, where=~log.index.valid.take(slots))
+        self._priority_columns(slots, table)
         rel = checkpoint.write_array(root, "priorities", generation, table)
         return {**entry, "file": rel, "first_id": int(log.oldest_id), "deltas": [], "delta_rows": 0}
+
+    def _priority_columns(self, slots: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (2, len(slots)) with the slots' raw priorities and tree masses; NaN where not sampleable."""
+        prio = self._require_prio("priorities")
+        prio.raw.take(slots, out=out[0])
+        out[1] = prio.tree.get(slots)
+        np.copyto(out, np.nan, where=~self._log.index.valid.take(slots))
 
     def _restore_priorities(self, prio: PrioritySampler, state: dict[str, Any] | None,
                             valid_slots: np.ndarray, log: ChunkLog) -> None:
@@ -466,19 +469,18 @@ class ReplayStore(WriterMixin):
             prio.add(valid_slots)
             return
         first, deltas = int(state["first_id"]), state.get("deltas", [])
-        if not deltas:
-            table = checkpoint.read_array(self._path, state["file"], np.dtype(np.float64), (2, log.next_id - first))
-        else:  # the full file covers the ids of its commit; the deltas, in order, what changed since
-            base = self._state_array(state["file"], 2)
-            if base.shape[1] > log.next_id - first:
-                raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: covers {base.shape[1]}"
-                                        f" ids from {first}, the store issued only {log.next_id - first}")
-            table = np.full((2, log.next_id - first), np.nan)
-            table[:, : base.shape[1]] = base
+        # The full file covers the ids issued at its commit; the deltas, in order, what changed since.
+        table = checkpoint.read_table(self._path, state["file"], 2)
+        issued = log.next_id - first
+        if table.shape[1] > issued or (not deltas and table.shape[1] != issued):
+            raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: covers {table.shape[1]} ids"
+                                    f" from {first}; the commit issued {issued} from there")
+        if table.shape[1] < issued:
+            table = np.concatenate([table, np.full((2, issued - table.shape[1]), np.nan)], axis=1)
         for rel in deltas:  # later files win
-            d = self._state_array(rel, 3)
+            d = checkpoint.read_table(self._path, rel, 3)
             pos = d[0].astype(np.int64) - first
-            inside = (pos >= 0) & (pos < table.shape[1])
+            inside = (pos >= 0) & (pos < issued)
             table[:, pos[inside]] = d[1:, inside]
         pos = log.index.slot_id[valid_slots] - first
         raw, mass = table[0, pos], table[1, pos]
@@ -488,17 +490,6 @@ class ReplayStore(WriterMixin):
         prio.restore(valid_slots, raw, mass, float(state["max_priority"]))
         prio.beta = float(state["beta"])
         self._skipped_updates = int(state["skipped_updates"])
-
-    def _state_array(self, rel: str, rows: int) -> np.ndarray:
-        arr = checkpoint.read_array(self._path, rel, np.dtype(np.float64), None)
-        if arr.ndim != 2 or arr.shape[0] != rows:
-            raise CorruptStoreError(f"{os.path.join(self._path, rel)}: holds shape {list(arr.shape)},"
-                                    f" expected [{rows}, n]")
-        return arr
-
-    @staticmethod
-    def _priority_files(entry: dict[str, Any] | None) -> set[str]:
-        return {entry["file"], *entry.get("deltas", [])} if entry else set()
 
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
@@ -624,7 +615,7 @@ class ReplayStore(WriterMixin):
             self._prio_chain = body["priorities"]
             self._prio.clean()
         self._log.after_commit()
-        checkpoint.remove_unreferenced(self._path, self._priority_files(body["priorities"]))
+        checkpoint.remove_unreferenced(self._path, set(checkpoint.priority_files(body["priorities"])))
 
     def _state_body(self, generation: int, root: str, delta: bool = False) -> dict[str, Any]:
         """The manifest body describing the current state (state files written under ``root``)."""
@@ -659,7 +650,7 @@ class ReplayStore(WriterMixin):
                                        "saved_at": saved_at}
         write_manifest(target, body)
         snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]},
-                                 self._priority_files(body["priorities"]))
+                                 set(checkpoint.priority_files(body["priorities"])))
         self._snapshots = [s for s in self._snapshots if s["path"] != target][-15:]
         self._snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
         if keep is not None:

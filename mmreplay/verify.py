@@ -14,6 +14,7 @@ import os
 
 import numpy as np
 
+from .checkpoint import priority_files
 from .errors import MMReplayError
 from .index import START
 from .options import Schema
@@ -75,8 +76,7 @@ def verify_store(path: str) -> list[str]:
             del flags, per_stream
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
-    prio = doc.get("priorities")
-    for rel in [prio["file"], *prio.get("deltas", [])] if prio else []:
+    for rel in priority_files(doc.get("priorities")):
         fpath = os.path.join(path, rel)
         if not os.path.exists(fpath):
             problems.append(f"{fpath}: priorities state file is missing")

@@ -279,3 +279,24 @@ def test_a_missing_priority_delta_is_named(tmp_path):
         mr.ReplayStore.open(tmp_path / "s", mode="r")
     problems = mr.verify_store(str(tmp_path / "s"))
     assert any(os.path.basename(delta) in p for p in problems)
+
+
+def test_damaged_priority_files_are_named_and_the_store_opens_once_repaired(tmp_path):
+    path = tmp_path / "s"
+    s = _store(path, capacity=200, steps=120, chunk_size=16)
+    s.commit()
+    ids = s.sampleable_ids()[:5]
+    s.update_priorities(ids, np.full(5, 2.0))
+    s.commit()
+    full, delta = s._prio_chain["file"], s._prio_chain["deltas"][-1]
+    s.close()
+    cases = [(delta, np.zeros((2, 5)), r"expected float64\[3, n\]"),  # a delta without its id row
+             (full, np.zeros((2, 10**4)), "covers 10000 ids")]  # more ids than the commit issued
+    for rel, bad, message in cases:
+        original = (path / rel).read_bytes()
+        np.save(path / rel, bad)
+        with pytest.raises(mr.CorruptStoreError, match=os.path.basename(rel) + ".*" + message):
+            mr.ReplayStore.open(path, mode="r")
+        (path / rel).write_bytes(original)
+    with mr.ReplayStore.open(path) as again:
+        np.testing.assert_array_equal(again.priorities(ids), 2.0)
