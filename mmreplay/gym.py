@@ -123,7 +123,34 @@ def _check_matches(env: Any, store: ReplayStore) -> None:
 
 
 # -- recorders -------------------------------------------------------------------------------------------
-class RecordToStore(gym.Wrapper[Any, Any, Any, Any]):
+class _Recording:
+    """What both recorders do: check the store fits the env, then pass each reset and step on to it."""
+
+    env: Any
+    store: ReplayStore
+
+    def _bind(self, env: Any, store: ReplayStore, extras: ExtrasFn | None, info_name: str) -> None:
+        _check_matches(env, store)
+        if store.schema.extras and extras is None:
+            raise ValueError(f"the store declares extras {[e.name for e in store.schema.extras]}: pass"
+                             f" extras=lambda {info_name}: {{...}} to compute them")
+        self.store = store
+        self._extras = extras
+        self._dtype = store.schema.obs_dtype
+
+    def _record_reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        obs, info = self.env.reset(seed=seed, options=options)
+        self.store.reset(np.asarray(obs, self._dtype))
+        return obs, info
+
+    def _record_step(self, action: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        xs = self._extras(info) if self._extras is not None else {}
+        self.store.step(action, reward, np.asarray(obs, self._dtype), terminated, truncated, **xs)
+        return obs, reward, terminated, truncated, info
+
+
+class RecordToStore(_Recording, gym.Wrapper[Any, Any, Any, Any]):
     """Records every transition of a single (non-vector) env into ``store``.
 
     ``reset()`` calls ``store.reset(obs)`` (ending an open episode as truncated); ``step()`` calls
@@ -137,27 +164,16 @@ class RecordToStore(gym.Wrapper[Any, Any, Any, Any]):
         if isinstance(env, VectorEnv):
             raise TypeError("RecordToStore wraps a single env; use RecordVectorToStore for a vector env")
         super().__init__(env)
-        _check_matches(env, store)
-        if store.schema.extras and extras is None:
-            raise ValueError(f"the store declares extras {[e.name for e in store.schema.extras]}: pass"
-                             " extras=lambda info: {...} to compute them")
-        self.store = store
-        self._extras = extras
-        self._dtype = store.schema.obs_dtype
+        self._bind(env, store, extras, "info")
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
-        obs, info = self.env.reset(seed=seed, options=options)
-        self.store.reset(np.asarray(obs, self._dtype))
-        return obs, info
+        return self._record_reset(seed, options)
 
     def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        xs = self._extras(info) if self._extras is not None else {}
-        self.store.step(action, reward, np.asarray(obs, self._dtype), terminated, truncated, **xs)
-        return obs, reward, terminated, truncated, info
+        return self._record_step(action)
 
 
-class RecordVectorToStore(VectorWrapper[Any, Any, Any, Any, Any]):
+class RecordVectorToStore(_Recording, VectorWrapper[Any, Any, Any, Any, Any]):
     """Records every transition of a vector env (NEXT_STEP autoreset) into a store made for it.
 
     The store must have ``num_envs == envs.num_envs`` (``ReplayStore.from_env(envs, ...)``).
@@ -170,28 +186,17 @@ class RecordVectorToStore(VectorWrapper[Any, Any, Any, Any, Any]):
     def __init__(self, envs: VectorEnv[Any, Any, Any], store: ReplayStore, extras: ExtrasFn | None = None) -> None:
         super().__init__(envs)
         check_autoreset(envs)
-        _check_matches(envs, store)
-        if store.schema.extras and extras is None:
-            raise ValueError(f"the store declares extras {[e.name for e in store.schema.extras]}: pass"
-                             " extras=lambda infos: {...} to compute them")
-        self.store = store
-        self._extras = extras
-        self._dtype = store.schema.obs_dtype
+        self._bind(envs, store, extras, "infos")
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if options and "reset_mask" in options:
             raise ValueError("RecordVectorToStore: partial resets (reset_mask) are not recorded; NEXT_STEP"
                              " autoreset resets finished envs by itself")
-        obs, info = self.env.reset(seed=seed, options=options)
-        self.store.reset(np.asarray(obs, self._dtype))
-        return obs, info
+        return self._record_reset(seed, options)
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        obs, rewards, terminated, truncated, info = self.env.step(actions)
-        xs = self._extras(info) if self._extras is not None else {}
-        self.store.step(actions, rewards, np.asarray(obs, self._dtype), terminated, truncated, **xs)
-        return obs, rewards, terminated, truncated, info
+        return self._record_step(actions)
 
 
 # -- Atari -----------------------------------------------------------------------------------------------
