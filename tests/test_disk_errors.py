@@ -24,6 +24,14 @@ def _steps(s, n, start=0):
         s.step(t % 2, 1.0, np.full(4, t % 256, np.uint8), False, False)
 
 
+def _committed_store(path, n):
+    """A store with ``n`` steps committed, and its committed id range."""
+    s = _store(path)
+    _steps(s, n)
+    s.commit()
+    return s, s.id_range
+
+
 def _assert_read_only_then_reopens(s, path, committed_range):
     batch = s.sample(4)  # sampling still works
     assert batch.obs.shape == (4, 2, 4)
@@ -38,10 +46,7 @@ def _assert_read_only_then_reopens(s, path, committed_range):
 
 def test_enospc_when_a_new_chunk_is_allocated(tmp_path, monkeypatch):
     path = str(tmp_path / "s")
-    s = _store(path)
-    _steps(s, 10)
-    s.commit()
-    committed = s.id_range
+    s, committed = _committed_store(path, 10)
     real = os.posix_fallocate
 
     def full(fd, offset, length):
@@ -61,10 +66,7 @@ def test_enospc_when_a_new_chunk_is_allocated(tmp_path, monkeypatch):
 
 def test_failed_fsync_during_commit(tmp_path, monkeypatch):
     path = str(tmp_path / "s")
-    s = _store(path)
-    _steps(s, 30)
-    s.commit()
-    committed = s.id_range
+    s, committed = _committed_store(path, 30)
     _steps(s, 7, start=30)
 
     def eio(path):
@@ -79,10 +81,7 @@ def test_failed_fsync_during_commit(tmp_path, monkeypatch):
 
 def test_failed_background_seal_surfaces_at_the_next_commit(tmp_path, monkeypatch):
     path = str(tmp_path / "s")
-    s = _store(path)
-    _steps(s, 3)
-    s.commit()
-    committed = s.id_range
+    s, committed = _committed_store(path, 3)
     real = ring.ChunkRing.finish_seal
 
     def broken(self, seq):
