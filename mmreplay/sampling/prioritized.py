@@ -32,35 +32,24 @@ class PrioritySampler:
         self.raw = np.zeros(size, np.float64)
         self.max_priority = 1.0
         # Slots whose raw priority or mass changed since the last commit (for a delta state file),
-        # or dirty_all when only a full state file will do (after a relayout, or too many changes).
-        self._dirty: list[np.ndarray] = []
-        self._n_dirty = 0
+        # or dirty_all when only a full state file will do (after a relayout).
+        self._dirty = np.zeros(size, np.bool_)
         self.dirty_all = False
 
     def _touch(self, slots: np.ndarray) -> None:
-        if self.dirty_all:
-            return
-        self._dirty.append(np.array(slots, np.int64))
-        self._n_dirty += slots.size
-        if self._n_dirty > self.raw.size // 4 + 4096:
-            self.mark_all_dirty()
-        elif len(self._dirty) >= 1024:
-            self._dirty = [self.dirty_slots()]
+        self._dirty[slots] = True
 
     def dirty_slots(self) -> np.ndarray:
-        """The distinct slots changed since ``clean()`` (sorted int64); meaningless when ``dirty_all``."""
-        if not self._dirty:
-            return np.empty(0, np.int64)
-        return np.unique(np.concatenate(self._dirty))
+        """The slots changed since ``clean()`` (sorted int64); meaningless when ``dirty_all``."""
+        return np.flatnonzero(self._dirty)
 
     def mark_all_dirty(self) -> None:
         self.dirty_all = True
-        self._dirty, self._n_dirty = [], 0
 
     def clean(self) -> None:
         """The current state is what is on disk (a commit wrote it)."""
         self.dirty_all = False
-        self._dirty, self._n_dirty = [], 0
+        self._dirty[:] = False
 
     def mass(self, p: np.ndarray | float) -> np.ndarray:
         return np.power(np.asarray(p, np.float64) + self.eps, self.alpha)
@@ -120,4 +109,5 @@ class PrioritySampler:
             leaves[new] = old_leaves[old]
         self.raw = raw
         self.tree = SumTree.from_leaves(leaves)
+        self._dirty = np.zeros(size, np.bool_)
         self.mark_all_dirty()  # slots moved: a delta by slot would be meaningless
