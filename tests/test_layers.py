@@ -9,7 +9,7 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic"},
+    {"errors", "options", "synthetic", "native"},
     {"storage"},
     {"index"},
     {"log", "episodes", "reader", "batch", "prefetch", "checkpoint", "snapshot"},
