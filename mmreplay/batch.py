@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .index import Plan
+from .plan import Plan
 from .reader import FrameReader
 
 __all__ = ["Batch"]

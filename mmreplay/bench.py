@@ -81,10 +81,10 @@ def fill(store: ReplayStore, steps: int, pool: np.ndarray, seed: int = 0,
 
 def warm(store: ReplayStore) -> None:
     """Touch every mapped page so page tables are populated (what a long-running learner sees)."""
-    arrays = store._log.ring.arrays  # benchmark-only access to the mapped ring
+    arrays = store._parts.log.ring.arrays  # benchmark-only access to the mapped ring
     a = store.schema.rows_alloc
-    for seq in list(store._log.ring.mapped):
-        pos = seq % store._log.ring.positions
+    for seq in list(store._parts.log.ring.mapped):
+        pos = seq % store._parts.log.ring.positions
         for arr in arrays.values():
             np.asarray(arr[pos * a:(pos + 1) * a]).view(np.uint8).reshape(-1)[::4096].sum()
 

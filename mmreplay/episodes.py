@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .index import END, LOST, MISSING, START, TERMINATED, TRUNCATED
+from .layout import END, LOST, MISSING, START, TERMINATED, TRUNCATED
 
 __all__ = ["EpisodeTable", "EpisodeSteps"]
 

@@ -1,78 +1,31 @@
-"""The in-RAM index: which stored transitions are sampleable, and the row arithmetic of a batch.
+"""The in-RAM index: every id <-> slot question and which stored transitions are sampleable.
 
-Vocabulary (FORMAT.md has the full picture):
+Per slot the index keeps only ``flags`` (uint8), ``epos`` (int32: rows since the
+first stored frame of the episode), ``slot_id`` (int64 transition id) and
+``valid`` (bool), plus ``id2slot`` — ~22 bytes per slot. It also owns the id
+counters (``oldest_id``, ``next_id``) and the row counters (``rows``,
+``oldest_row``). The words *row*, *stream* and *slot* are defined in ``layout``.
 
-- A *frame row* ``r`` of env stream ``s`` is the r-th frame that stream wrote.
-  All streams write one frame per ``reset()``/``step()``, so they advance in
-  lockstep and share the row counter ``rows``.
-- A frame is either an episode's first observation (flag ``START``) or the
-  ``next_obs`` of a transition; the transition's action, reward and flags are
-  stored in the same row. So "transition ρ" means the transition whose next
-  frame is row ρ; its observation is row ρ-1.
-- A *slot* is the element of the ring arrays holding a row:
-  ``slot = (chunk % positions) * rows_alloc + s * rows_per_stream + r % rows_per_stream``
-  with ``chunk = r // rows_per_stream`` (stream-major inside a chunk, so one
-  env's stack is contiguous on disk).
-
-Per slot the index keeps only ``flags`` (uint8), ``epos`` (int32: rows since
-the first stored frame of the episode), ``slot_id`` (int64 transition id) and
-``valid`` (bool), plus ``id2slot`` — ~14 bytes per slot.
+Parts outside use its methods only: ids to slots, validity of ids, the
+sampleable set, a batch's row arithmetic (``plan``), the latest state of each
+stream, the episode table. The chunk log tells it about rows written and
+chunks retired; the writer tells it about the frames it writes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from .episodes import EpisodeTable, episode_table
+from .errors import EpisodeStateError, NotSampleableError
+from .layout import DISK_FLAGS, END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .plan import Plan, RowMath
+
+__all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
+           "LOST", "DISK_FLAGS"]
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
-
-# Flag bits stored in the ``flags`` column (FORMAT.md).
-START = 1  # the frame is an episode's first observation; no transition ends here
-TERMINATED = 2  # the transition ending here terminated the episode
-TRUNCATED = 4  # the transition ending here was truncated (time limit)
-MISSING = 8  # the frame's content was never available (imports); it is stored as zeros
-HEAD_LOST = 16  # on a START frame: the episode began earlier, its first frames were not stored
-DISK_FLAGS = START | TERMINATED | TRUNCATED | MISSING | HEAD_LOST
-# Bits that exist only in RAM.
-END = 32  # the frame is the last one of its episode
-LOST = 64  # the frame's episode has HEAD_LOST
-
-
-@dataclass(frozen=True)
-class Geometry:
-    num_envs: int
-    rows_per_stream: int  # Rs
-    rows_alloc: int  # A
-    positions: int  # P
-
-    def slots(self, s: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:
-        """Ring slot of row(s) ``r`` of stream(s) ``s`` (broadcasting)."""
-        rs = self.rows_per_stream
-        q, within = np.divmod(np.asarray(r, dtype=np.int64), rs)
-        return (q % self.positions) * self.rows_alloc + (np.asarray(s, dtype=np.int64) * rs + within)
-
-    def chunk_slots(self, seq: int) -> slice:
-        base = (seq % self.positions) * self.rows_alloc
-        return slice(base, base + self.num_envs * self.rows_per_stream)
-
-
-@dataclass
-class Plan:
-    """Row arithmetic of a batch: ring slots to gather and masks to apply (all numpy, shape B first)."""
-
-    slots: np.ndarray  # (B,) the transitions' own slots (action, extras, id)
-    obs_slots: np.ndarray  # (B, k)
-    obs_pad: np.ndarray  # (B, k) True where the frame is zero padding
-    next_slots: np.ndarray  # (B, k)
-    next_pad: np.ndarray  # (B, k)
-    reward_slots: np.ndarray  # (B, n) clamped to written rows; weights are 0 where unused
-    reward_weights: np.ndarray  # (B, n) float64 gamma**i for i < m, else 0
-    m: np.ndarray  # (B,) window length
-    terminated: np.ndarray  # (B,) bool
-    truncated: np.ndarray  # (B,) bool
-    next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros
 
 
 class Index:
@@ -85,17 +38,9 @@ class Index:
 
     def __init__(self, geometry: Geometry, stack: int, n_step: int, pad: str, gamma: float) -> None:
         self.geo = geometry
-        self.k = stack
-        self.n = n_step
-        self.pad_first = pad == "first"
-        self._back = np.arange(stack - 1, -1, -1, dtype=np.int64)  # k-1 .. 0: oldest frame first
-        self._ar_n = np.arange(n_step, dtype=np.int64)
-        self._ar_k = np.arange(stack, dtype=np.int64)
-        self._span = np.arange(-stack, n_step, dtype=np.int64)
-        self._last_col = np.arange(n_step) == n_step - 1
-        # reward weights of a window of length m: gamma**i for i < m, else 0 (row m of this table)
-        self._weights = np.array([[gamma ** i if i < m else 0.0 for i in range(n_step)]
-                                  for m in range(n_step + 1)], np.float64)
+        self.stack = stack
+        self.n_step = n_step
+        self.math = RowMath(stack, n_step, pad, gamma)
         self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
         size = geometry.positions * geometry.rows_alloc
         self.flags = np.zeros(size, np.uint8)
@@ -103,31 +48,43 @@ class Index:
         self.slot_id = np.full(size, -1, np.int64)
         self.valid = np.zeros(size, np.bool_)
         self.id2slot = np.full(size, -1, np.int64)
+        self.seq_of_pos = np.full(geometry.positions, -1, np.int64)  # chunk held at each ring position
         self.rows = 0  # frame rows written per stream
         self.oldest_row = 0  # first retained row (all streams)
+        self.next_id = 0  # the id the next transition gets
+        self.oldest_id = 0  # the oldest retained id (ids below it were evicted)
         self.checked = np.zeros(geometry.num_envs, np.int64)  # per stream: first row whose validity is undecided
         self.n_valid = 0
         self._synced_rows = -1
 
     # -- layout ----------------------------------------------------------------------------------------
-    def resize(self, positions: int, retained_seqs: list[int]) -> None:
-        """Re-lay the arrays for a ring of ``positions`` chunks, keeping the retained chunks' slots."""
+    def resize(self, positions: int) -> list[tuple[slice, slice]]:
+        """Re-lay the arrays for a ring of ``positions`` chunks, keeping the retained chunks' slots.
+
+        Returns ``(old slots, new slots)`` of every retained chunk, for per-slot structures kept elsewhere.
+        """
         old = self.geo
         new = Geometry(old.num_envs, old.rows_per_stream, old.rows_alloc, positions)
-        size = positions * old.rows_alloc
+        seqs = [int(q) for q in self.seq_of_pos if q >= 0]
+        moves = [(old.chunk_slots(q), new.chunk_slots(q)) for q in seqs]
+        size = new.size
         arrays = {}
         for name in ("flags", "epos", "slot_id", "valid"):
             src = getattr(self, name)
             dst = np.full(size, -1, src.dtype) if name == "slot_id" else np.zeros(size, src.dtype)
-            for seq in retained_seqs:
-                dst[new.chunk_slots(seq)] = src[old.chunk_slots(seq)]
+            for a, b in moves:
+                dst[b] = src[a]
             arrays[name] = dst
         for name, arr in arrays.items():
             setattr(self, name, arr)
         self.geo = new
+        self.seq_of_pos = np.full(positions, -1, np.int64)
+        for q in seqs:
+            self.seq_of_pos[q % positions] = q
         self.id2slot = np.full(size, -1, np.int64)
         live = np.flatnonzero(self.slot_id >= 0)
         self.id2slot[self.slot_id[live] % size] = live
+        return moves
 
     def rebuild(self, r0: int, slots: np.ndarray, flags: np.ndarray, first_id: int) -> np.ndarray:
         """Fill the index from the disk flags of retained rows ``r0 ..`` (``slots``/``flags``: (R, streams),
@@ -142,7 +99,7 @@ class Index:
         self._synced_rows = self.rows
         if n_rows == 0:
             return np.empty(0, np.int64)
-        k, n = self.k, self.n
+        k, n = self.stack, self.n_step
         pos = np.arange(n_rows, dtype=np.int64)[:, None]
         start = (flags & START) != 0
         end = (flags & (TERMINATED | TRUNCATED)) != 0
@@ -204,6 +161,115 @@ class Index:
         """A START followed these frames: they ended their episodes (truncation by reset)."""
         self.flags[slots] |= END
 
+    def note_frame(self, slot: int, flags: int, epos: int, tid: int) -> None:
+        """``note_frames`` for the one transition frame of an unbatched step (scalar stores only)."""
+        self.flags[slot] = flags
+        self.epos[slot] = epos
+        self.slot_id[slot] = tid
+        self.id2slot[tid % self.id2slot.size] = slot
+        if flags & MISSING:
+            self.has_missing = True
+
+    def mark_head_lost(self, slot: int) -> None:
+        """The START frame at ``slot`` begins an episode whose first frames were never stored (imports)."""
+        self.flags[slot] |= HEAD_LOST | LOST
+
+    def frame_state(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Of the frames at ``slots``: whether each ended its episode, its episode position, and whether
+        its episode lost its head (the writer resumes its per-stream state from these)."""
+        f = self.flags[slots]
+        return (f & END) != 0, self.epos[slots].copy(), (f & LOST) != 0
+
+    def add_chunk(self, seq: int) -> None:
+        """Chunk ``seq`` now occupies its ring position."""
+        self.seq_of_pos[seq % self.geo.positions] = seq
+
+    # -- ids -------------------------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        """Slots in the ring (what per-slot structures such as the sum tree are sized to)."""
+        return self.geo.size
+
+    def slots_of(self, ids: np.ndarray) -> np.ndarray:
+        """Ring slots of ids known to be retained."""
+        return self.id2slot[ids % self.id2slot.size]
+
+    def slots_of_range(self, lo: int, hi: int) -> np.ndarray:
+        """``slots_of(np.arange(lo, hi))`` for retained ids, without the arithmetic: at most two slices."""
+        table = self.id2slot
+        a = lo % table.size
+        b = a + (hi - lo)
+        return table[a:b] if b <= table.size else np.concatenate([table[a:], table[: b - table.size]])
+
+    def ids_of(self, slots: np.ndarray) -> np.ndarray:
+        """Transition ids stored at ``slots`` (-1 for START frames and empty slots)."""
+        return self.slot_id[slots]
+
+    def valid_at(self, slots: np.ndarray) -> np.ndarray:
+        """Sampleable mask of ring slots."""
+        return self.valid[slots]
+
+    def valid_in_range(self, ids: np.ndarray) -> np.ndarray:
+        """Sampleable mask of ids known to lie in the retained range."""
+        return self.valid[self.id2slot[ids % self.id2slot.size]]
+
+    def ids_valid(self, ids: np.ndarray) -> np.ndarray:
+        """Sampleable mask of any ids (evicted and never-issued ones are not)."""
+        inside = (ids >= self.oldest_id) & (ids < self.next_id)
+        ok = np.zeros(ids.shape, np.bool_)
+        ok[inside] = self.valid[self.slots_of(ids[inside])]
+        return ok
+
+    def valid_ids(self) -> np.ndarray:
+        """Every sampleable id (sorted int64)."""
+        ids = np.arange(self.oldest_id, self.next_id, dtype=np.int64)
+        return ids[self.valid[self.slots_of(ids)]]
+
+    def check_ids(self, ids: np.ndarray) -> None:
+        """Raise ``NotSampleableError`` naming the first id that is evicted, never issued or not sampleable."""
+        ok = self.ids_valid(ids)
+        if ok.all():
+            return
+        bad = int(np.flatnonzero(~ok)[0])
+        i = int(ids[bad])
+        if i < self.oldest_id:
+            why = f"was evicted (oldest retained id is {self.oldest_id})"
+        elif i >= self.next_id:
+            why = f"was never issued (next id is {self.next_id})"
+        else:
+            why = "is not sampleable (its n-step window is still open, or its stack history was evicted)"
+        raise NotSampleableError(f"index[{bad}] = {i} {why}")
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def plan(self, slots: np.ndarray) -> Plan:
+        """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
+        return self.math.plan(self.flags, self.epos, self.geo, slots, self.seq_of_pos, self.oldest_row,
+                              self.rows, self.has_missing)
+
+    def latest_stacks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Slots ``(num_envs, k)`` of every stream's newest stacked state and its zero-padding mask.
+
+        Raises ``EpisodeStateError`` before the first frame.
+        """
+        if self.rows == 0 or self.rows - 1 < self.oldest_row:
+            raise EpisodeStateError("current_obs() before the first reset(obs)")
+        s = np.arange(self.geo.num_envs, dtype=np.int64)
+        last = np.full(s.size, self.rows - 1, np.int64)
+        epos = self.epos[self.geo.slots(s, last)].astype(np.int64)
+        return self.math.stack_slots(self.geo, s, last, epos)
+
+    def row_slots(self, stream: int, rows: np.ndarray) -> np.ndarray:
+        """Slots of retained rows of one stream; raises ``NotSampleableError`` if any is not retained."""
+        if rows.size and (rows[0] < self.oldest_row or rows[-1] >= self.rows):
+            raise NotSampleableError(f"rows {rows[0]}..{rows[-1]} are not retained (the store holds rows"
+                                     f" {self.oldest_row}..{self.rows - 1}); take a fresh episodes() table")
+        return self.geo.slots(stream, rows)
+
+    def episodes(self, rewards: np.ndarray) -> EpisodeTable:
+        """The table of episodes with a retained frame (``rewards``: the ring's reward column)."""
+        return episode_table(self.flags, rewards, self.slot_id, self.geo.slots, self.geo.num_envs,
+                             self.oldest_row, self.rows)
+
     # -- validity --------------------------------------------------------------------------------------
     BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
 
@@ -225,7 +291,7 @@ class Index:
         return np.concatenate(found) if found else np.empty(0, np.int64)
 
     def _sync_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        geo, n, rows = self.geo, self.n, self.rows
+        geo, n, rows = self.geo, self.n_step, self.rows
         counts = stops - starts
         total = int(counts.sum())
         stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
@@ -258,21 +324,28 @@ class Index:
         """The observation stack of transition rows ``rho`` has every real frame it needs retained."""
         f0 = rho - self.epos[slots]  # first stored row of the episode
         lost = ((f & LOST) != 0) | (f0 < self.oldest_row)
-        return ~lost | (rho - self.k >= np.maximum(f0, self.oldest_row))
+        return ~lost | (rho - self.stack >= np.maximum(f0, self.oldest_row))
 
-    def retire(self, seq: int) -> tuple[slice, np.ndarray]:
-        """Forget chunk ``seq`` (the oldest). Returns its slot range and the valid slots it invalidated elsewhere."""
+    def retire(self, seq: int, oldest_id: int) -> np.ndarray:
+        """Forget chunk ``seq`` (the oldest); ``oldest_id`` is the oldest id still retained after it.
+
+        Returns the slots to clear in per-slot structures: all of the chunk's, and the rows after it
+        that stopped being sampleable because it held their stack history.
+        """
         geo = self.geo
         sl = geo.chunk_slots(seq)
+        self.oldest_id = oldest_id
+        self.seq_of_pos[seq % geo.positions] = -1
+        cleared = np.arange(sl.start, sl.stop, dtype=np.int64)
         self.n_valid -= int(np.count_nonzero(self.valid[sl]))
         self.valid[sl] = False
         self.slot_id[sl] = -1
         self.flags[sl] = 0
         self.oldest_row = (seq + 1) * geo.rows_per_stream
         # Rows near the new oldest row may have lost stack history.
-        rows = np.arange(self.oldest_row, min(self.oldest_row + self.k, self.rows), dtype=np.int64)
+        rows = np.arange(self.oldest_row, min(self.oldest_row + self.stack, self.rows), dtype=np.int64)
         if rows.size == 0:
-            return sl, np.empty(0, np.int64)
+            return cleared
         stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), rows.size)
         rho = np.tile(rows, geo.num_envs)
         slots = geo.slots(stream, rho)
@@ -281,72 +354,5 @@ class Index:
         bad = slots[~self._stack_ok(rho, slots, self.flags[slots])]
         self.valid[bad] = False
         self.n_valid -= int(bad.size)
-        return sl, bad
+        return np.concatenate([cleared, bad])
 
-    # -- batches ---------------------------------------------------------------------------------------
-    def rows_of(self, slots: np.ndarray, seq_of_pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(stream, row) of ring slots, given the chunk sequence number held at each ring position."""
-        geo = self.geo
-        pos, off = np.divmod(slots, geo.rows_alloc)
-        s, within = np.divmod(off, geo.rows_per_stream)
-        return s, seq_of_pos[pos] * geo.rows_per_stream + within
-
-    def stack_slots(self, s: np.ndarray, last: np.ndarray, epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask.
-
-        Works for any leading shape of ``s``/``last``/``epos_last`` (broadcast together).
-        """
-        back = self._back
-        pad = back > epos_last[..., None]
-        rows = last[..., None] - back
-        if self.pad_first or pad.any():
-            rows = np.where(pad, (last - epos_last)[..., None], rows)  # the episode's first frame
-            if self.pad_first:
-                pad = np.zeros_like(pad)
-        return self.geo.slots(s[..., None], rows), pad
-
-    def plan(self, slots: np.ndarray, seq_of_pos: np.ndarray) -> Plan:
-        """Everything needed to build the rows of *valid* transition slots (vectorized, no data access).
-
-        Every frame a row needs lies in the span of rows ``rho-k .. rho+n-1`` of its stream (obs
-        stack, n-step window, next stack), so one slot computation over that span serves all.
-        Column ``c`` of the span is row ``rho + c - k``. When no row's span leaves its chunk (all but
-        a few rows per chunk), the span's slots are the row's slot plus offsets; otherwise they are
-        computed row by row with the span clamped to retained, written rows. Either way a valid
-        row's window never reaches past its first episode end before that end, and positions
-        before its episode's first frame are padding: what such slots hold is never used.
-        """
-        k, n = self.k, self.n
-        geo = self.geo
-        within = slots % geo.rows_alloc % geo.rows_per_stream
-        if ((within < k) | (within > geo.rows_per_stream - n)).any():
-            s, rho = self.rows_of(slots, seq_of_pos)
-            span = rho[:, None] + self._span
-            np.maximum(span, self.oldest_row, out=span)
-            np.minimum(span, self.rows - 1, out=span)
-            sl = geo.slots(s[:, None], span)  # (B, k+n)
-        else:
-            sl = slots[:, None] + self._span
-        wslots = sl[:, k:]
-        fl = self.flags[wslots]  # the window's frames
-        ends = (fl & END) != 0
-        m = (ends | self._last_col).argmax(axis=1) + 1  # window length: up to and including the first end
-        idx = np.arange(slots.size)
-        last_f = fl[idx, m - 1]
-        has_end = ends.any(axis=1)
-        terminated = (last_f & TERMINATED) != 0
-        # A span column c is before the episode's first stored frame iff c < k - epos(rho).
-        first_col = k - self.epos[slots]
-        obs_pad = self._ar_k < first_col[:, None]
-        next_cols = m[:, None] + self._ar_k
-        next_pad = next_cols < first_col[:, None]
-        obs_slots = sl[:, :k]
-        next_slots = sl[idx[:, None], next_cols]
-        if self.pad_first:
-            first = sl[idx, np.maximum(first_col, 0)][:, None]
-            obs_slots = np.where(obs_pad, first, obs_slots)
-            next_slots = np.where(next_pad, first, next_slots)
-            obs_pad = next_pad = np.zeros_like(obs_pad)
-        missing = terminated & ((last_f & MISSING) != 0) if self.has_missing else np.zeros_like(terminated)
-        return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, self._weights[m], m, terminated,
-                    has_end & ~terminated, missing)

@@ -13,15 +13,15 @@ import os
 import shutil
 import stat
 from collections import deque
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from .errors import CorruptStoreError
-from .index import DISK_FLAGS, START, Geometry, Index
+from .index import Index
+from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
@@ -31,15 +31,15 @@ from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
 @dataclass
 class ChunkInfo:
     seq: int
-    name: str  # directory under chunks/
+    name: str  # prefix of its files under chunks/
     first_id: int  # id of the first transition whose next frame is in this chunk
-    n_tx: int  # transitions whose next frame is in this chunk
+    n_transitions: int  # transitions whose next frame is in this chunk
     sealed: bool = False
     crc32: dict[str, int] | None = None
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
+        return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
                 "sealed": self.sealed, "crc32": self.crc32}
 
 
@@ -49,23 +49,35 @@ def initial_positions(schema: Schema) -> int:
     return -(-need // schema.chunk_size) + 2
 
 
-SlotsCallback = Callable[[np.ndarray], None]
+class RingListener(Protocol):
+    """What the log tells the parts that keep per-slot state or read the ring in the background."""
+
+    def before_unmap(self) -> None:
+        """A chunk is about to be unmapped or remapped: background readers must finish first."""
+
+    def slots_cleared(self, slots: np.ndarray) -> None:
+        """These slots stopped being sampleable (their chunk, or their stack history, was retired)."""
+
+    def ring_resized(self, size: int, moves: list[tuple[slice, slice]]) -> None:
+        """The ring grew to ``size`` slots; ``moves`` are (old slots, new slots) of each retained chunk."""
 
 
 class ChunkLog:
-    """Chunk files, chunk table and index of one store directory."""
+    """Chunk files, chunk table and index of one store directory.
 
-    def __init__(self, root: str, schema: Schema, writable: bool, positions: int) -> None:
+    ``listener`` hears of retirements, ring growth and unmapping (see ``RingListener``).
+    """
+
+    def __init__(self, root: str, schema: Schema, writable: bool, positions: int, listener: RingListener) -> None:
         self.root = root
         self.schema = schema
         self.writable = writable
-        self.rs = schema.rows_per_stream
+        self.listener = listener
+        self.rows_per_stream = schema.rows_per_stream
         self.ring = ChunkRing(root, schema, positions, writable)
-        geo = Geometry(schema.num_envs, self.rs, schema.rows_alloc, positions)
+        geo = Geometry(schema.num_envs, self.rows_per_stream, schema.rows_alloc, positions)
         self.index = Index(geo, schema.stack, schema.n_step, schema.pad, schema.gamma)
         self.chunks: deque[ChunkInfo] = deque()
-        self.seq_of_pos = np.full(positions, -1, np.int64)
-        self.next_id = 0
         self.retained_tx = 0
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
@@ -74,12 +86,6 @@ class ChunkLog:
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
         self._sealing: tuple[ChunkInfo, Future[dict[str, int]]] | None = None
-        # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
-        # ``on_resize`` with the new number of positions after the ring grew.
-        self.on_cleared: SlotsCallback | None = None
-        self.on_resize: Callable[[int, list[tuple[slice, slice]]], None] | None = None
-        # Called before any chunk is unmapped or remapped: background readers must finish first.
-        self.before_unmap: Callable[[], None] | None = None
 
     # -- counters --------------------------------------------------------------------------------------
     @property
@@ -87,8 +93,12 @@ class ChunkLog:
         return self.index.rows
 
     @property
+    def next_id(self) -> int:
+        return self.index.next_id
+
+    @property
     def oldest_id(self) -> int:
-        return self.chunks[0].first_id if self.chunks else self.next_id
+        return self.index.oldest_id
 
     @property
     def open_chunk(self) -> ChunkInfo | None:
@@ -102,9 +112,9 @@ class ChunkLog:
     def prepare_row(self) -> int:
         """Make sure the chunk for the next row is open; return the slot of stream 0 for that row."""
         row = self.index.rows
-        within = row % self.rs
-        if within == 0 and (not self.chunks or self.chunks[-1].seq < row // self.rs):
-            self._roll(row // self.rs)
+        within = row % self.rows_per_stream
+        if within == 0 and (not self.chunks or self.chunks[-1].seq < row // self.rows_per_stream):
+            self._roll(row // self.rows_per_stream)
         return self.open_base + within
 
     def write_frame(self, slot: int, frame: np.ndarray) -> None:
@@ -135,11 +145,10 @@ class ChunkLog:
         consistent log: the full chunk stays the open one and no half-made chunk is listed.
         """
         self.wait_sealed()
-        if self.before_unmap is not None:
-            self.before_unmap()
+        self.listener.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
         # The new chunk (no transitions yet) counts as newer than every retained one.
-        while self.chunks and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
+        while self.chunks and self.retained_tx - self.chunks[0].n_transitions - hist >= cap:
             self._retire_oldest()
         if len(self.chunks) + 1 > self.ring.positions:
             self._grow()
@@ -150,7 +159,7 @@ class ChunkLog:
             self.ring.protect_chunk(full.seq)
             full.sealed = True
         self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
-        self.seq_of_pos[seq % self.ring.positions] = seq
+        self.index.add_chunk(seq)
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum of the full chunk run beside the writer (both release the GIL);
@@ -159,12 +168,10 @@ class ChunkLog:
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()
-        self.retained_tx -= info.n_tx
-        sl, invalidated = self.index.retire(info.seq)
-        if self.on_cleared is not None:
-            self.on_cleared(np.concatenate([np.arange(sl.start, sl.stop, dtype=np.int64), invalidated]))
+        self.retained_tx -= info.n_transitions
+        cleared = self.index.retire(info.seq, self.chunks[0].first_id if self.chunks else self.next_id)
+        self.listener.slots_cleared(cleared)
         self.ring.unmap_chunk(info.seq)
-        self.seq_of_pos[info.seq % self.ring.positions] = -1
         if info.committed:
             self.to_delete.append(info.name)  # the last commit still needs it
         else:
@@ -173,25 +180,18 @@ class ChunkLog:
     def _grow(self) -> None:
         """More ring positions (short episodes put fewer transitions in each chunk than planned)."""
         positions = self.ring.positions + max(2, self.ring.positions // 4)
-        seqs = [c.seq for c in self.chunks if c.seq in self.ring.mapped]
-        old_geo = self.index.geo
         self.ring.resize(positions)
-        self.index.resize(positions, seqs)
-        self.seq_of_pos = np.full(positions, -1, np.int64)
-        for s in seqs:
-            self.seq_of_pos[s % positions] = s
-        if self.on_resize is not None:
-            moves = [(old_geo.chunk_slots(s), self.index.geo.chunk_slots(s)) for s in seqs]
-            self.on_resize(positions * self.schema.rows_alloc, moves)
+        moves = self.index.resize(positions)
+        self.listener.ring_resized(self.index.size, moves)
         if self.obs_fd >= 0:
             self.open_base = (self.chunks[-1].seq % positions) * self.schema.rows_alloc
 
-    def finish_row(self, n_tx: int) -> None:
-        """Account for a written row holding ``n_tx`` transitions (all streams)."""
+    def finish_row(self, n_transitions: int) -> None:
+        """Account for a written row holding ``n_transitions`` transitions (all streams)."""
         self.index.rows += 1
-        self.next_id += n_tx
-        self.chunks[-1].n_tx += n_tx
-        self.retained_tx += n_tx
+        self.index.next_id += n_transitions
+        self.chunks[-1].n_transitions += n_transitions
+        self.retained_tx += n_transitions
 
     # -- durability ------------------------------------------------------------------------------------
     def _sealer(self) -> ThreadPoolExecutor:
@@ -228,7 +228,8 @@ class ChunkLog:
 
     # -- opening ---------------------------------------------------------------------------------------
     @classmethod
-    def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool) -> ChunkLog:
+    def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool,
+                      listener: RingListener) -> ChunkLog:
         """Map the committed chunks and rebuild the index from their flags column."""
         mpath = os.path.join(root, "manifest.json")
         try:
@@ -248,7 +249,7 @@ class ChunkLog:
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
-        log = cls(root, schema, writable, positions)
+        log = cls(root, schema, writable, positions, listener)
         try:
             log._load(chunks, rows, next_id, writable)
         except BaseException:
@@ -257,15 +258,16 @@ class ChunkLog:
         return log
 
     def _load(self, chunks: list[ChunkInfo], rows: int, next_id: int, writable: bool) -> None:
-        log, positions = self, self.ring.positions
+        log = self
         log.chunks = deque(chunks)
-        log.next_id = next_id
-        log.retained_tx = sum(c.n_tx for c in chunks)
+        log.index.next_id = next_id
+        log.index.oldest_id = chunks[0].first_id if chunks else next_id
+        log.retained_tx = sum(c.n_transitions for c in chunks)
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
         for c in chunks:
             log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
-            log.seq_of_pos[c.seq % positions] = c.seq
+            log.index.add_chunk(c.seq)
         log.index.rows = rows
         log._rebuild_index()
         if writable and chunks and not chunks[-1].sealed:
@@ -294,10 +296,11 @@ class ChunkLog:
             self.initial_valid = np.empty(0, np.int64)
             return
         first = self.chunks[0]
-        r0, r1 = first.seq * self.rs, idx.rows
+        rs = self.rows_per_stream
+        r0, r1 = first.seq * rs, idx.rows
         # Slots of rows r0..r1-1 of every stream, (R, N): per chunk, its base plus the stream-major offsets.
         bases = (np.array([c.seq for c in self.chunks], np.int64) % self.ring.positions) * self.schema.rows_alloc
-        within = np.arange(n_env, dtype=np.int64)[None, :] * self.rs + np.arange(self.rs, dtype=np.int64)[:, None]
+        within = np.arange(n_env, dtype=np.int64)[None, :] * rs + np.arange(rs, dtype=np.int64)[:, None]
         slots = (bases[:, None, None] + within[None]).reshape(-1, n_env)[: r1 - r0]
         flags = self.ring.arrays["flags"][slots] & DISK_FLAGS
         n_tx = int(np.count_nonzero((flags & START) == 0))

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
-from .index import Plan
+from .plan import Plan
 
 
 @dataclass

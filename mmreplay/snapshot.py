@@ -18,8 +18,8 @@ import shutil
 import time
 from typing import Any
 
-from .checkpoint import priority_files
 from .errors import NotAStoreError, StoreNotFoundError
+from .statefiles import priority_files
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_file, chunk_of_file
 

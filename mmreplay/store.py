@@ -1,8 +1,12 @@
-"""``ReplayStore``: the public face of a store directory.
+"""``ReplayStore``: the public face of a store directory, a facade over parts that own their state.
 
-A store is an append-only log of chunk files (see ``log`` and FORMAT.md) plus
-an in-RAM index deciding what may be sampled. This module holds the episode
-rules (reset/step, vector autoreset), sampling, and the commit protocol.
+The parts (ARCHITECTURE.md has the map): the chunk log and its index
+(``log``, ``index``: files, rows, ids, validity), the episode writer
+(``writer``: reset/step rules), a sampler (``sampling``: uniform or
+prioritized), the draw state (``drawing``: the RNG and prefetched batches), the
+frame reader (``reader``) and durability (``durability``: commit, snapshot,
+load, refresh). This module wires them together and checks arguments at the
+boundary; it holds no rules of its own.
 """
 
 from __future__ import annotations
@@ -13,108 +17,110 @@ import os
 import time
 import weakref
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from . import _inputs, checkpoint, snapshot
-from ._writing import WriterMixin
+from . import _inputs
 from .batch import Batch, assemble
-from .episodes import EpisodeSteps, EpisodeTable, episode_table, step_flags
+from .drawing import Drawer
+from .durability import Durability, Parts, load_snapshot, read_consistent
+from .episodes import EpisodeSteps, EpisodeTable, step_flags
 from .errors import (
-    CorruptStoreError,
-    EpisodeStateError,
     NotAStoreError,
-    NotSampleableError,
     ReadOnlyStoreError,
     StoreClosedError,
-    StoreIOError,
     StoreLockedError,
 )
-from .index import Plan
 from .log import ChunkLog
 from .options import Prioritized, Schema
 from .prefetch import BatchIterator, Draw
 from .reader import FrameReader
-from .sampling import uniform
-from .sampling.prioritized import PrioritySampler
+from .sampling import PrioritizedSampler, make_sampler
+from .sampling.prioritized import check_beta
+from .statefiles import StateDir
 from .storage.manifest import read_manifest, write_manifest
+from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
 _LOCK = "lock"
 
 
-class ReplayStore(WriterMixin):
+class _RingEvents:
+    """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``)."""
+
+    def __init__(self, store: ReplayStore) -> None:
+        self._store = weakref.ref(store)
+
+    def before_unmap(self) -> None:
+        store = self._store()
+        if store is not None:
+            store._drawer.drain()
+
+    def slots_cleared(self, slots: np.ndarray) -> None:
+        store = self._store()
+        if store is not None:
+            store._parts.sampler.slots_cleared(slots)
+
+    def ring_resized(self, size: int, moves: list[tuple[slice, slice]]) -> None:
+        store = self._store()
+        if store is not None:
+            store._parts.sampler.ring_resized(size, moves)
+            store._reader.frames = store._parts.log.ring.arrays["obs"]
+
+
+class ReplayStore:
     """A disk-backed replay store. Build one with ``create``, ``open``, ``load`` (or ``from_env``).
 
     Frames live in memory-mapped chunk files under ``path``; RAM holds the
-    index (~14 bytes per slot) and, for prioritized stores, the sum tree.
+    index (~22 bytes per slot) and, for prioritized stores, the sum tree.
     Writing: ``reset(obs)`` then ``step(action, reward, next_obs, terminated, truncated, **extras)``.
-    Reading: ``sample``, ``gather``, ``iter_batches``, ``current_obs``.
-    Durability: ``commit()`` is the only resume point besides ``close()``.
+    Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``.
+    Durability: ``commit()`` is the only resume point besides ``close()``; ``save``/``load`` snapshots.
     """
 
     # -- construction ----------------------------------------------------------------------------------
     def __init__(self, path: str, schema: Schema, manifest: dict[str, Any], mode: str,
-                 seed: int | None, lock_fd: int | None, read_threads: int | None = None) -> None:
+                 seed: int | None, lock_fd: int | None, read_threads: int | None = None,
+                 read_ahead: bool | str = "auto") -> None:
         self._path = path
         self._schema = schema
         self._mode = mode
         self._lock_fd = lock_fd
         self._closed = False
-        self._failed: BaseException | None = None
         self._inputs = _inputs.Inputs(schema)
-        self._rng = np.random.default_rng(seed)
-        if seed is None:
-            self._rng.bit_generator.state = manifest["rng"]
-        self._gammas = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float64)
-        self._discounts = self._gammas.astype(np.float32)
+        self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
-        self._obs_dtype = schema.obs_dtype
-        self._ep_open = np.zeros(schema.num_envs, np.bool_)  # per stream: an episode is open
-        self._epos = np.zeros(schema.num_envs, np.int32)  # per stream: episode position of the last row
-        self._lost = np.zeros(schema.num_envs, np.uint8)  # per stream: LOST bit of the open episode
-        self._started = False
-        self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
-        self._prefetch_pool: ThreadPoolExecutor | None = None
-        self._draws = 0  # draws made by this object (orders the pending draws of several iterators)
-        self._resume_draws, self._resume_rng = _pending_from_manifest(manifest) if seed is None else ([], {})
         self._read_threads = read_threads
-        self._skipped_updates = 0
-        self._prio_chain: dict[str, Any] | None = None  # the manifest's priorities entry this state builds on
+        self._read_ahead = read_ahead
+        self._events = _RingEvents(self)
+        self._durable = Durability(path, schema, manifest)
+        self._drawer = Drawer(manifest, seed)
+        self._writer: EpisodeWriter | None = None
         self._attach(manifest)
         if mode == "r+":
-            self._log.remove_strays()
+            self._parts.log.remove_strays()
             _WRITERS.add(self)
 
     def _attach(self, manifest: dict[str, Any]) -> None:
-        """Map the chunks a manifest lists and rebuild everything derived from them (open and refresh)."""
+        """Map the chunks a manifest lists and build every part from them (open and refresh)."""
         schema = self._schema
-        log = ChunkLog.from_manifest(self._path, schema, manifest, writable=self._mode == "r+")
+        log = ChunkLog.from_manifest(self._path, schema, manifest, self._mode == "r+", self._events)
         try:
-            prio = PrioritySampler(schema.prioritized, log.index.flags.size) if schema.prioritized else None
-            valid = log.initial_valid
-            if prio is not None:
-                self._restore_priorities(prio, manifest.get("priorities"), valid, log)
+            sampler = make_sampler(schema, log.index)
+            sampler.restore(StateDir(self._path, int(manifest.get("generation", 0))), manifest.get("priorities"),
+                            log.initial_valid)
         except BaseException:
             log.close()
             raise
-        self._log = log
-        self._prio = prio
-        self._generation = int(manifest.get("generation", 0))
-        self._committed_at = float(manifest.get("committed_at", 0.0))
+        self._parts = Parts(log, sampler, self._drawer)
+        self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
-        self._snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
-        self._arrays: dict[str, np.ndarray] = log.ring.arrays
-        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads)
-        log.before_unmap = self._drain
-        if prio is not None:
-            log.on_cleared = prio.clear
-            log.on_resize = prio.relayout
-        self._load_stream_state()
+        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead)
+        if self._mode == "r+":
+            self._writer = EpisodeWriter(schema, log, self._inputs)
 
     @classmethod
     def create(cls, path: str | os.PathLike[str], capacity: int, obs_shape: Any, obs_dtype: Any = "uint8",
@@ -156,11 +162,13 @@ class ReplayStore(WriterMixin):
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], mode: str = "r+", seed: int | None = None,
-             read_threads: int | None = None) -> ReplayStore:
+             read_threads: int | None = None, read_ahead: bool | str = "auto") -> ReplayStore:
         """Open a store as of its last commit. ``mode="r+"`` takes the single-writer lock; ``"r"`` reads.
 
         ``seed=None`` continues the committed sampling RNG; an int reseeds it. ``read_threads``:
-        threads that copy a batch's frames (default: up to 4, one per core).
+        threads that copy a batch's frames (default: up to 4, one per core). ``read_ahead``: whether a
+        batch's frame ranges are requested from the disk all at once before they are copied (True),
+        never (False), or only while copies keep waiting for the disk ("auto").
         Raises ``StoreNotFoundError``, ``NotAStoreError``, ``CorruptStoreError``, ``FormatVersionError``,
         ``StoreLockedError``.
         """
@@ -169,22 +177,16 @@ class ReplayStore(WriterMixin):
         path = os.fspath(path)
         read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
         lock_fd = _take_lock(path) if mode == "r+" else None
+
+        def attach(manifest: dict[str, Any]) -> ReplayStore:
+            try:
+                schema = Schema.from_json(manifest["schema"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise NotAStoreError(f"{path}/manifest.json: unreadable schema ({exc})") from None
+            return cls(path, schema, manifest, mode, seed, lock_fd, read_threads, read_ahead)
+
         try:
-            attempt = 0
-            while True:
-                manifest = read_manifest(path)
-                try:
-                    schema = Schema.from_json(manifest["schema"])
-                except (KeyError, TypeError, ValueError) as exc:
-                    raise NotAStoreError(f"{path}/manifest.json: unreadable schema ({exc})") from None
-                try:
-                    return cls(path, schema, manifest, mode, seed, lock_fd, read_threads)
-                except CorruptStoreError:
-                    # A reader racing the writer: a newer commit may have retired a chunk this one lists.
-                    attempt += 1
-                    if mode == "r+" or attempt == 5 or read_manifest(path).get("generation") == manifest.get(
-                            "generation"):
-                        raise
+            return read_consistent(path, attach, writer=mode == "r+")
         except BaseException:
             if lock_fd is not None:
                 os.close(lock_fd)
@@ -230,22 +232,91 @@ class ReplayStore(WriterMixin):
     def id_range(self) -> tuple[int, int]:
         """``(oldest retained id, next id to be issued)``: ids below are evicted, ids at or above never issued."""
         self._check_open()
-        return self._log.oldest_id, self._log.next_id
+        idx = self._parts.log.index
+        return idx.oldest_id, idx.next_id
 
     @property
     def generation(self) -> int:
         """Number of the last commit (0 = the empty store written by ``create``)."""
-        return self._generation
+        return self._durable.generation
+
+    @property
+    def episode_open(self) -> np.ndarray:
+        """Per env stream, whether an episode is open, i.e. a ``step()`` may follow (bool ``(num_envs,)``).
+
+        False before the first ``reset()`` and after an episode ended (unbatched stores then need
+        ``reset()``; vector stores auto-reset). Read-only stores report the last commit's state.
+        """
+        self._check_open()
+        if self._writer is not None:
+            return self._writer.episode_open
+        return EpisodeWriter(self._schema, self._parts.log, self._inputs).episode_open
 
     def __len__(self) -> int:
         """Number of transitions that can be sampled now."""
         self._check_open()
         self._sync()
-        return self._log.index.n_valid
+        return self._parts.log.index.n_valid
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode={self._mode!r}"
         return f"<ReplayStore {self._path!r} {state} capacity={self.capacity}>"
+
+    def inspect(self, ids: Any = None) -> dict[str, Any]:
+        """Internal counters, for tests and debugging (keys may change between versions).
+
+        ``ring_positions`` (chunks the mapped ring has room for), ``chunks`` (retained chunks),
+        ``rows`` (frame rows per stream), ``rng`` (the sampling RNG's state now), and for
+        prioritized stores ``priority_total`` (the sum tree's total mass), ``priority_slots``
+        (slots carrying mass: the sampleable transitions when consistent), ``priority_state``
+        (the last commit's priorities entry) and, given sampleable ``ids``, ``priority_masses``
+        (their masses in the tree).
+        """
+        self._check_open()
+        self._sync()
+        log, sampler = self._parts.log, self._parts.sampler
+        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks), "rows": log.rows,
+                               "rng": self._drawer.rng.bit_generator.state}
+        if isinstance(sampler, PrioritizedSampler):
+            out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
+                       priority_state=read_manifest(self._path).get("priorities"))
+            if ids is not None:
+                ids = _inputs.ids_array(ids)
+                log.index.check_ids(ids)
+                out["priority_masses"] = sampler.masses(ids)
+        return out
+
+    # -- writing ---------------------------------------------------------------------------------------
+    def reset(self, obs: Any, head_lost: bool = False) -> None:
+        """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
+
+        An episode still open is ended as truncated at its last recorded step. ``head_lost=True``
+        (unbatched stores; for importers) says the episode began earlier and its first frames are not
+        available: only its rows with a full stack history become sampleable.
+        """
+        writer = self._check_writable()
+        try:
+            writer.reset(obs, bool(head_lost))
+        except OSError as exc:
+            raise self._durable.fail(exc, "writing a frame") from exc
+
+    def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
+             **extras: Any) -> None:
+        """Append one transition per env: the outcome of taking ``action`` in the current state.
+
+        Unbatched (``num_envs=1``): needs an open episode (``reset()`` first; after an episode ends,
+        ``reset()`` again). Vector stores: arrays with a leading ``num_envs`` axis; an env whose episode
+        ended at its previous step is auto-reset (Gymnasium NEXT_STEP): its ``next_obs`` becomes the new
+        episode's first observation and its action, reward, flags and extras are ignored.
+        If both flags are set, ``terminated`` wins (the step is stored as a termination).
+        ``next_obs=None`` (unbatched stores, on a step that ends the episode; for importers): the final
+        observation is not available; it reads as zeros and nothing bootstraps from it.
+        """
+        writer = self._check_writable()
+        try:
+            writer.step(action, reward, next_obs, terminated, truncated, extras)
+        except OSError as exc:
+            raise self._durable.fail(exc, "writing a transition") from exc
 
     # -- reading ---------------------------------------------------------------------------------------
     def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
@@ -259,7 +330,7 @@ class ReplayStore(WriterMixin):
         """
         self._check_open()
         d = self._draw(_inputs.batch_size_arg(batch_size), bool(replace), beta)
-        return self._assemble(self._slots_of(d.ids), d.ids, d.weight)
+        return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
@@ -276,71 +347,109 @@ class ReplayStore(WriterMixin):
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         if beta is not None:
             self._require_prio("beta=")
-            beta = _check_beta(beta)
-        pending: list[Draw] = []
-        if self._resume_draws and all(d.ids.size == b for d in self._resume_draws):
-            pending = self._resume_draws  # hand out what the committed run had drawn, then go on from there
-            self._rng.bit_generator.state = self._resume_rng
-        self._resume_draws = []
-        if self._prefetch_pool is None:
-            self._prefetch_pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        for d in pending:
-            d.plan = self._plan(d.ids)
-        it = BatchIterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw, self._prefetch_pool,
-                           int(prefetch), pending)
-        self._iterators.add(it)
-        return it
+            beta = check_beta(beta)
+        return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
+                                     self._parts.log.index, b, int(prefetch))
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
-        """Choose a batch's ids (and weights): the only consumer of the sampling RNG. With ``plan``, also
-        its row arithmetic, fixed now (for a copy made later in another thread)."""
         self._sync()
-        log = self._log
-        before = dict(self._rng.bit_generator.state) if plan else {}  # iterators record it for commit()
-        self._draws += 1
-        if self._prio is not None:
-            if not replace:
-                raise ValueError("sample(replace=False) is for uniform stores: prioritized sampling is stratified"
-                                 " and with replacement; use iter_batches() for an epoch without repeats")
-            use_beta = self._prio.beta if beta is None else _check_beta(beta)
-            if log.index.n_valid == 0:
-                uniform.draw(self._rng, 0, 0, 0, self._valid_in_range, self._valid_ids, b, True)  # raises
-            slots, weight = self._prio.sample(self._rng, b, use_beta)
-            ids = log.index.slot_id[slots]
-            return Draw(ids, weight, before, self._draws, self._plan(ids) if plan else None)
-        if beta is not None:
-            raise ValueError("beta= is for prioritized stores; this store samples uniformly")
-        ids = uniform.draw(self._rng, log.oldest_id, log.next_id, log.index.n_valid, self._valid_in_range,
-                           self._valid_ids, b, replace)
-        return Draw(ids, None, before, self._draws, self._plan(ids) if plan else None)
+        return self._drawer.draw(self._parts.sampler, self._parts.log.index, b, replace, beta, plan)
 
     def _assemble_draw(self, d: Draw) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
-        stay mapped while a copy is in flight (see ``_drain``)."""
+        stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if d.plan is None:
-            raise RuntimeError("a prefetched draw has no plan")  # _draw(plan=True) always makes one
-        return assemble(d.plan, self._arrays, d.ids.copy(), self._discounts, self._extra_names, self._reader,
-                        d.weight)
+            raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
+        return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
+                        self._reader, d.weight)
 
-    def _sampling_state(self) -> dict[str, Any]:
-        """The RNG as of the last batch handed out, plus batches drawn by live iterators but not handed
-        out (with the RNG state after them), so a resumed ``batches()`` hands out the same batches."""
-        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
-        if not pending:
-            return {"rng": self._rng.bit_generator.state, "pending_draws": None}
-        if not self._ids_valid(np.concatenate([d.ids for d in pending])).all():
-            # Rows drawn before a retirement evicted them cannot be handed out again after a resume:
-            # record the rule's state only (the resumed run re-draws from the last batch handed out).
-            return {"rng": pending[0].rng_before, "pending_draws": None}
-        return {"rng": pending[0].rng_before, "pending_draws": {
-            "rng_after": self._rng.bit_generator.state,
-            "ids": [d.ids.tolist() for d in pending],
-            "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}}
+    def sampleable_ids(self) -> np.ndarray:
+        """The ids of every transition that can be sampled now (sorted int64)."""
+        self._check_open()
+        self._sync()
+        return self._parts.log.index.valid_ids()
 
-    def _drain(self) -> None:
-        for it in list(self._iterators):
-            it.drain()
+    def gather(self, index: Any) -> Batch:
+        """The rows of the given transition ids (e.g. ``batch.index``), exactly as ``sample`` returns them.
+
+        Raises ``NotSampleableError`` naming the first id that is evicted, never issued, or not sampleable.
+        """
+        self._check_open()
+        ids = _inputs.ids_array(index).copy()  # the batch owns its index array
+        self._sync()
+        idx = self._parts.log.index
+        idx.check_ids(ids)
+        return self._assemble(idx.slots_of(ids), ids)
+
+    def iter_batches(self, batch_size: int, shuffle: bool = True, seed: int | None = None,
+                     drop_last: bool = False) -> Iterator[Batch]:
+        """One epoch over every transition sampleable now, in batches (the last may be smaller).
+
+        The id set is fixed by this call; rows evicted before their batch is yielded are skipped.
+        Uses its own generator (``seed``), never the sampling RNG.
+        """
+        self._check_open()
+        b = _inputs.batch_size_arg(batch_size)
+        self._sync()
+        ids = self._parts.log.index.valid_ids()
+        if shuffle:
+            np.random.default_rng(seed).shuffle(ids)
+        return self._epoch(ids, b, drop_last)
+
+    def _epoch(self, ids: np.ndarray, b: int, drop_last: bool) -> Iterator[Batch]:
+        for i in range(0, ids.size, b):
+            part = ids[i:i + b]
+            if drop_last and part.size < b:
+                return
+            self._check_open()
+            self._sync()
+            idx = self._parts.log.index
+            part = part[idx.ids_valid(part)]
+            if part.size:
+                yield self._assemble(idx.slots_of(part), part)
+
+    def current_obs(self) -> np.ndarray:
+        """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
+        self._check_open()
+        slots, pad = self._parts.log.index.latest_stacks()
+        frames = self._parts.log.ring.arrays["obs"][slots]
+        frames[pad] = 0
+        return frames if self._schema.vector else frames[0]
+
+    # -- episodes --------------------------------------------------------------------------------------
+    def episodes(self) -> EpisodeTable:
+        """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
+        the ones whose first observation is retained and that have ended."""
+        self._check_open()
+        return self._parts.log.index.episodes(self._parts.log.ring.arrays["reward"])
+
+    def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Observations ``start .. stop-1`` of episode ``i`` of ``table`` (positions 0..length; a copy).
+
+        A missing final observation reads as zeros (``table.final_missing``)."""
+        self._check_open()
+        n = int(table.length[i]) + 1
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
+        rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
+        slots = self._parts.log.index.row_slots(int(table.stream[i]), rows)
+        return self._parts.log.ring.arrays["obs"][slots]
+
+    def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
+        """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
+        self._check_open()
+        n = int(table.length[i])
+        stop = n if stop is None else stop
+        if not 0 <= start <= stop <= n:
+            raise ValueError(f"steps [{start}, {stop}) out of range for an episode of {n} steps")
+        rows = int(table.first_row[i]) + 1 + np.arange(start, stop, dtype=np.int64)
+        slots = self._parts.log.index.row_slots(int(table.stream[i]), rows)
+        a = self._parts.log.ring.arrays
+        term, trunc = step_flags(a["flags"][slots], bool(table.ended[i]) and stop == n, bool(table.terminated[i]))
+        return EpisodeSteps(a["action"][slots], a["reward"][slots], term, trunc,
+                            {name: a["x_" + name][slots] for name in self._extra_names})
 
     # -- priorities ------------------------------------------------------------------------------------
     def update_priorities(self, index: Any, priorities: Any) -> int:
@@ -355,36 +464,8 @@ class ReplayStore(WriterMixin):
         self._check_writable()
         prio = self._require_prio("update_priorities")
         ids = _inputs.ids_array(index)
-        p = np.asarray(priorities)
-        if p.shape != ids.shape:
-            raise ValueError(f"priorities: expected shape {ids.shape} (one per index), got {p.shape}")
-        if p.size and p.dtype.kind not in "biuf":
-            raise TypeError(f"priorities: expected real numbers, got dtype {p.dtype}")
-        p = p.astype(np.float64)
-        if not ids.size:
-            return 0
-        # Finite non-negative float64 values are exactly the bit patterns below +inf's: one comparison.
-        if (p.view(np.uint64) >= _INF_BITS).any():
-            bad = int(np.flatnonzero(~np.isfinite(p) | (p < 0))[0])
-            raise ValueError(f"priorities[{bad}] = {p[bad]}: priorities must be finite and >= 0")
-        lo, hi = int(ids.min()), int(ids.max())
-        if hi >= self._log.next_id or lo < 0:
-            never = int(np.flatnonzero((ids >= self._log.next_id) | (ids < 0))[0])
-            raise NotSampleableError(f"index[{never}] = {ids[never]} was never issued (next id is"
-                                     f" {self._log.next_id})")
         self._sync()  # transitions whose window closed before this update enter with the old maximum
-        ok = self._valid_in_range(ids) if lo >= self._log.oldest_id else self._ids_valid(ids)
-        n_ok = int(np.count_nonzero(ok))
-        skipped = ids.size - n_ok
-        if skipped:
-            self._skipped_updates += skipped
-            ids, p = ids[ok], p[ok]
-        if len(set(ids.tolist())) < ids.size:  # repeated ids: the last occurrence wins
-            _, last = np.unique(ids[::-1], return_index=True)
-            keep = ids.size - 1 - last
-            ids, p = ids[keep], p[keep]
-        prio.update(self._slots_of(ids), p)
-        return skipped
+        return prio.update(ids, priorities)
 
     def priorities(self, index: Any) -> np.ndarray:
         """The raw priorities last set (float64) for sampleable ids; raises like ``gather`` otherwise."""
@@ -392,8 +473,8 @@ class ReplayStore(WriterMixin):
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
         self._sync()
-        self._check_ids(ids)
-        return prio.raw[self._slots_of(ids)].copy()
+        self._parts.log.index.check_ids(ids)
+        return prio.priorities(ids)
 
     @property
     def beta(self) -> float:
@@ -403,7 +484,7 @@ class ReplayStore(WriterMixin):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._require_prio("beta").beta = _check_beta(value)
+        self._require_prio("beta").beta = check_beta(value)
 
     @property
     def max_priority(self) -> float:
@@ -413,184 +494,15 @@ class ReplayStore(WriterMixin):
     @property
     def priority_updates_skipped(self) -> int:
         """How many ids ``update_priorities`` skipped (evicted or not sampleable) since the store was created."""
-        return self._skipped_updates
+        sampler = self._parts.sampler
+        return sampler.skipped_updates if isinstance(sampler, PrioritizedSampler) else 0
 
-    def _require_prio(self, what: str) -> PrioritySampler:
-        if self._prio is None:
+    def _require_prio(self, what: str) -> PrioritizedSampler:
+        sampler = self._parts.sampler
+        if not isinstance(sampler, PrioritizedSampler):
             raise ValueError(f"{what} is for prioritized stores; create the store with"
                              " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
-        return self._prio
-
-    def _priorities_state(self, generation: int, root: str, delta: bool) -> dict[str, Any] | None:
-        """Write the priority state under ``root``; return the manifest entry.
-
-        A full file holds the raw priority and tree mass of every retained id. With ``delta`` (a commit
-        in place), when the last commit's files are there to build on and few slots changed since, only
-        the changed ids are written, as a delta file listed after the previous ones: a commit then costs
-        O(changes), not O(capacity). A full file replaces the chain once the deltas would add up to a
-        quarter of the retained ids or number 64 files.
-        """
-        prio = self._prio
-        if prio is None:
-            return None
-        log = self._log
-        entry = {"max_priority": prio.max_priority, "beta": prio.beta, "skipped_updates": self._skipped_updates}
-        chain = self._prio_chain
-        if delta and chain is not None and not prio.dirty_all:
-            slots = prio.dirty_slots()
-            ids = log.index.slot_id[slots]
-            keep = (ids >= log.oldest_id) & (ids < log.next_id)
-            slots, ids = slots[keep], ids[keep]
-            rows = int(chain.get("delta_rows", 0)) + ids.size
-            if rows <= (log.next_id - log.oldest_id) // 4 and len(chain.get("deltas", [])) < 64:
-                table = np.empty((3, ids.size))
-                table[0] = ids
-                self._priority_columns(slots, table[1:])
-                rel = checkpoint.write_array(root, "priorities-delta", generation, table)
-                return {**entry, "file": chain["file"], "first_id": chain["first_id"],
-                        "deltas": [*chain.get("deltas", []), rel], "delta_rows": rows}
-        slots = self._slots_of_range(log.oldest_id, log.next_id)
-        table = np.empty((2, slots.size))
-        self._priority_columns(slots, table)
-        rel = checkpoint.write_array(root, "priorities", generation, table)
-        return {**entry, "file": rel, "first_id": int(log.oldest_id), "deltas": [], "delta_rows": 0}
-
-    def _priority_columns(self, slots: np.ndarray, out: np.ndarray) -> None:
-        """Fill ``out`` (2, len(slots)) with the slots' raw priorities and tree masses; NaN where not sampleable."""
-        prio = self._require_prio("priorities")
-        prio.raw.take(slots, out=out[0])
-        out[1] = prio.tree.get(slots)
-        np.copyto(out, np.nan, where=~self._log.index.valid.take(slots))
-
-    def _restore_priorities(self, prio: PrioritySampler, state: dict[str, Any] | None,
-                            valid_slots: np.ndarray, log: ChunkLog) -> None:
-        self._prio_chain = state
-        if state is None:  # a store committed before anything was sampleable
-            prio.add(valid_slots)
-            return
-        first, deltas = int(state["first_id"]), state.get("deltas", [])
-        # The full file covers the ids issued at its commit; the deltas, in order, what changed since.
-        table = checkpoint.read_table(self._path, state["file"], 2)
-        issued = log.next_id - first
-        if table.shape[1] > issued or (not deltas and table.shape[1] != issued):
-            raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: covers {table.shape[1]} ids"
-                                    f" from {first}; the commit issued {issued} from there")
-        if table.shape[1] < issued:
-            table = np.concatenate([table, np.full((2, issued - table.shape[1]), np.nan)], axis=1)
-        for rel in deltas:  # later files win
-            d = checkpoint.read_table(self._path, rel, 3)
-            pos = d[0].astype(np.int64) - first
-            inside = (pos >= 0) & (pos < issued)
-            table[:, pos[inside]] = d[1:, inside]
-        pos = log.index.slot_id[valid_slots] - first
-        raw, mass = table[0, pos], table[1, pos]
-        if np.isnan(raw).any():
-            raise CorruptStoreError(f"{os.path.join(self._path, state['file'])}: no priority for sampleable"
-                                    f" transition {int(log.index.slot_id[valid_slots[np.isnan(raw)][0]])}")
-        prio.restore(valid_slots, raw, mass, float(state["max_priority"]))
-        prio.beta = float(state["beta"])
-        self._skipped_updates = int(state["skipped_updates"])
-
-    def sampleable_ids(self) -> np.ndarray:
-        """The ids of every transition that can be sampled now (sorted int64)."""
-        self._check_open()
-        self._sync()
-        return self._valid_ids()
-
-    def gather(self, index: Any) -> Batch:
-        """The rows of the given transition ids (e.g. ``batch.index``), exactly as ``sample`` returns them.
-
-        Raises ``NotSampleableError`` naming the first id that is evicted, never issued, or not sampleable.
-        """
-        self._check_open()
-        ids = _inputs.ids_array(index).copy()  # the batch owns its index array
-        self._sync()
-        self._check_ids(ids)
-        return self._assemble(self._slots_of(ids), ids)
-
-    def iter_batches(self, batch_size: int, shuffle: bool = True, seed: int | None = None,
-                     drop_last: bool = False) -> Iterator[Batch]:
-        """One epoch over every transition sampleable now, in batches (the last may be smaller).
-
-        The id set is fixed by this call; rows evicted before their batch is yielded are skipped.
-        Uses its own generator (``seed``), never the sampling RNG.
-        """
-        self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
-        self._sync()
-        ids = self._valid_ids()
-        if shuffle:
-            np.random.default_rng(seed).shuffle(ids)
-        return self._epoch(ids, b, drop_last)
-
-    def _epoch(self, ids: np.ndarray, b: int, drop_last: bool) -> Iterator[Batch]:
-        for i in range(0, ids.size, b):
-            part = ids[i:i + b]
-            if drop_last and part.size < b:
-                return
-            self._check_open()
-            self._sync()
-            part = part[self._ids_valid(part)]
-            if part.size:
-                yield self._assemble(self._slots_of(part), part)
-
-    def current_obs(self) -> np.ndarray:
-        """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
-        self._check_open()
-        log = self._log
-        if log.rows == 0 or log.rows - 1 < log.index.oldest_row:
-            raise EpisodeStateError("current_obs() before the first reset(obs)")
-        n = self._schema.num_envs
-        s = np.arange(n, dtype=np.int64)
-        last = np.full(n, log.rows - 1, np.int64)
-        epos = log.index.epos[log.stream_slots(log.rows - 1)].astype(np.int64)
-        slots, pad = log.index.stack_slots(s, last, epos)
-        frames = self._arrays["obs"][slots]
-        frames[pad] = 0
-        return frames if self._schema.vector else frames[0]
-
-    # -- episodes --------------------------------------------------------------------------------------
-    def episodes(self) -> EpisodeTable:
-        """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
-        the ones whose first observation is retained and that have ended."""
-        self._check_open()
-        log = self._log
-        return episode_table(log.index.flags, self._arrays["reward"], log.index.slot_id, log.index.geo.slots,
-                             self._schema.num_envs, log.index.oldest_row, log.rows)
-
-    def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """Observations ``start .. stop-1`` of episode ``i`` of ``table`` (positions 0..length; a copy).
-
-        A missing final observation reads as zeros (``table.final_missing``)."""
-        self._check_open()
-        n = int(table.length[i]) + 1
-        stop = n if stop is None else stop
-        if not 0 <= start <= stop <= n:
-            raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
-        rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
-        self._check_rows_retained(rows)
-        return self._arrays["obs"][self._log.index.geo.slots(int(table.stream[i]), rows)]
-
-    def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
-        """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
-        self._check_open()
-        n = int(table.length[i])
-        stop = n if stop is None else stop
-        if not 0 <= start <= stop <= n:
-            raise ValueError(f"steps [{start}, {stop}) out of range for an episode of {n} steps")
-        rows = int(table.first_row[i]) + 1 + np.arange(start, stop, dtype=np.int64)
-        self._check_rows_retained(rows)
-        slots = self._log.index.geo.slots(int(table.stream[i]), rows)
-        a = self._arrays
-        term, trunc = step_flags(a["flags"][slots], bool(table.ended[i]) and stop == n, bool(table.terminated[i]))
-        return EpisodeSteps(a["action"][slots], a["reward"][slots], term, trunc,
-                            {name: a["x_" + name][slots] for name in self._extra_names})
-
-    def _check_rows_retained(self, rows: np.ndarray) -> None:
-        log = self._log
-        if rows.size and (rows[0] < log.index.oldest_row or rows[-1] >= log.rows):
-            raise NotSampleableError(f"rows {rows[0]}..{rows[-1]} are not retained (the store holds rows"
-                                     f" {log.index.oldest_row}..{log.rows - 1}); take a fresh episodes() table")
+        return sampler
 
     # -- durability ------------------------------------------------------------------------------------
     def commit(self) -> None:
@@ -603,27 +515,8 @@ class ReplayStore(WriterMixin):
         (as of the last batch handed out) and ``metadata``.
         """
         self._check_writable()
-        try:
-            self._log.sync_open_chunk()
-            gen = self._generation + 1
-            body = self._state_body(gen, self._path, delta=True)
-            write_manifest(self._path, body)
-        except OSError as exc:
-            raise self._fail(exc, "committing") from exc
-        self._generation, self._committed_at = gen, body["committed_at"]
-        if self._prio is not None:
-            self._prio_chain = body["priorities"]
-            self._prio.clean()
-        self._log.after_commit()
-        checkpoint.remove_unreferenced(self._path, set(checkpoint.priority_files(body["priorities"])))
-
-    def _state_body(self, generation: int, root: str, delta: bool = False) -> dict[str, Any]:
-        """The manifest body describing the current state (state files written under ``root``)."""
         self._sync()  # the state written includes every transition whose window has closed
-        return {"generation": generation, "committed_at": time.time(), "schema": self._schema.to_json(),
-                "metadata": _json_dict(self.metadata), "snapshots": self._snapshots,
-                "priorities": self._priorities_state(generation, root, delta), **self._sampling_state(),
-                **self._log.manifest_body()}
+        self._durable.commit(self._parts, _json_dict(self.metadata))
 
     def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
         """Write a consistent snapshot of the current state to ``snapshot_dir`` while training goes on.
@@ -638,28 +531,13 @@ class ReplayStore(WriterMixin):
         self._check_open()
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")
-        target = os.path.abspath(os.fspath(snapshot_dir))
-        gen = snapshot.existing_generation(target) + 1
-        self._log.wait_sealed()
-        os.makedirs(os.path.join(target, checkpoint.STATE_DIR), exist_ok=True)
-        body = self._state_body(gen, target)
-        columns = [c.name for c in self._log.ring.columns]
-        body["chunks"] = snapshot.write_snapshot_chunks(self._path, target, body["chunks"], columns, gen)
-        saved_at = time.time()
-        body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self._path), "store_generation": self._generation,
-                                       "saved_at": saved_at}
-        write_manifest(target, body)
-        snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]},
-                                 set(checkpoint.priority_files(body["priorities"])))
-        self._snapshots = [s for s in self._snapshots if s["path"] != target][-15:]
-        self._snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
-        if keep is not None:
-            snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
-        return target
+        self._sync()
+        return self._durable.save(self._parts, os.fspath(snapshot_dir), _json_dict(self.metadata), keep)
 
     @classmethod
     def load(cls, snapshot_dir: str | os.PathLike[str], path: str | os.PathLike[str], mode: str = "r+",
-             seed: int | None = None, read_threads: int | None = None) -> ReplayStore:
+             seed: int | None = None, read_threads: int | None = None,
+             read_ahead: bool | str = "auto") -> ReplayStore:
         """Restore a snapshot into a new (or empty) working directory ``path`` and open it.
 
         Files are hard-linked where possible (copied across filesystems); the snapshot itself is never
@@ -667,10 +545,8 @@ class ReplayStore(WriterMixin):
         Raises ``NotAStoreError`` for a directory that is not a complete snapshot and ``ValueError`` for
         a non-empty ``path``.
         """
-        src = os.fspath(snapshot_dir)
-        doc = snapshot.read_snapshot(src)
-        snapshot.materialize(src, doc, os.fspath(path))
-        return cls.open(path, mode=mode, seed=seed, read_threads=read_threads)
+        load_snapshot(os.fspath(snapshot_dir), os.fspath(path))
+        return cls.open(path, mode=mode, seed=seed, read_threads=read_threads, read_ahead=read_ahead)
 
     def verify(self) -> list[str]:
         """Check the last commit's files (checksums of every sealed chunk, sizes, counts, state files).
@@ -691,40 +567,39 @@ class ReplayStore(WriterMixin):
         self._check_open()
         if self._mode != "r":
             raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
-        for attempt in range(5):
-            doc = read_manifest(self._path)
-            if int(doc.get("generation", 0)) == self._generation:
+        if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
+            return False
+        old_log, old_reader = self._parts.log, self._reader
+        self._drawer.end_iterators()
+
+        def attach(manifest: dict[str, Any]) -> bool:
+            if int(manifest.get("generation", 0)) == self._durable.generation:
                 return False
-            old_log, old_reader = self._log, self._reader
-            for it in list(self._iterators):
-                it.close()
-            try:
-                self._attach(doc)
-            except CorruptStoreError:
-                if attempt == 4:
-                    raise
-                continue  # the writer retired chunks of the commit we read: read the newer manifest
+            self._attach(manifest)
+            return True
+
+        changed = read_consistent(self._path, attach, writer=False)
+        if changed:
             old_reader.close()
             old_log.close()
-            return True
-        return False
+        return changed
 
-    def close(self) -> None:
-        """Commit (writable stores) and release files and the lock. Safe to call twice."""
+    def close(self, commit: bool = True) -> None:
+        """Commit (writable stores) and release files and the lock. Safe to call twice.
+
+        ``commit=False`` discards what was written since the last commit, as a crash would: reopening
+        gives the last commit.
+        """
         if self._closed:
             return
         try:
-            if self._mode == "r+" and self._failed is None:
+            if commit and self._mode == "r+" and self._durable.failed is None:
                 self.commit()
         finally:
             self._closed = True
-            for it in list(self._iterators):
-                it.close()
-            if self._prefetch_pool is not None:
-                self._prefetch_pool.shutdown()
+            self._drawer.close()
             self._reader.close()
-            self._log.close()
-            self._arrays = {}
+            self._parts.log.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -737,85 +612,28 @@ class ReplayStore(WriterMixin):
 
     # -- internals -------------------------------------------------------------------------------------
     def _sync(self) -> None:
-        new = self._log.index.sync()
-        if self._prio is not None and new.size:
-            self._prio.add(new)
-
-    def _slots_of(self, ids: np.ndarray) -> np.ndarray:
-        idx = self._log.index
-        return idx.id2slot[ids % idx.id2slot.size]
-
-    def _slots_of_range(self, lo: int, hi: int) -> np.ndarray:
-        """``_slots_of(np.arange(lo, hi))`` for retained ids, without the arithmetic: at most two slices."""
-        table = self._log.index.id2slot
-        a = lo % table.size
-        b = a + (hi - lo)
-        return table[a:b] if b <= table.size else np.concatenate([table[a:], table[: b - table.size]])
-
-    def _valid_in_range(self, ids: np.ndarray) -> np.ndarray:
-        """Sampleable mask of ids known to lie in the retained range."""
-        idx = self._log.index
-        return idx.valid[idx.id2slot[ids % idx.id2slot.size]]
-
-    def _ids_valid(self, ids: np.ndarray) -> np.ndarray:
-        log = self._log
-        inside = (ids >= log.oldest_id) & (ids < log.next_id)
-        ok = np.zeros(ids.shape, np.bool_)
-        ok[inside] = log.index.valid[self._slots_of(ids[inside])]
-        return ok
-
-    def _valid_ids(self) -> np.ndarray:
-        log = self._log
-        ids = np.arange(log.oldest_id, log.next_id, dtype=np.int64)
-        return ids[log.index.valid[self._slots_of(ids)]]
-
-    def _check_ids(self, ids: np.ndarray) -> None:
-        ok = self._ids_valid(ids)
-        if ok.all():
-            return
-        bad = int(np.flatnonzero(~ok)[0])
-        i = int(ids[bad])
-        lo, hi = self._log.oldest_id, self._log.next_id
-        if i < lo:
-            why = f"was evicted (oldest retained id is {lo})"
-        elif i >= hi:
-            why = f"was never issued (next id is {hi})"
-        else:
-            why = "is not sampleable (its n-step window is still open, or its stack history was evicted)"
-        raise NotSampleableError(f"index[{bad}] = {i} {why}")
-
-    def _plan(self, ids: np.ndarray) -> Plan:
-        """Row arithmetic of valid ids, from the index as it is now (the caller's thread)."""
-        log = self._log
-        return log.index.plan(self._slots_of(ids), log.seq_of_pos)
+        """Let the sampler know of transitions whose n-step window closed since the last call."""
+        new = self._parts.log.index.sync()
+        if new.size:
+            self._parts.sampler.added(new)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
-        log = self._log
-        plan = log.index.plan(slots, log.seq_of_pos)
-        return assemble(plan, self._arrays, ids, self._discounts, self._extra_names, self._reader, weight)
+        plan = self._parts.log.index.plan(slots)
+        return assemble(plan, self._parts.log.ring.arrays, ids, self._discounts, self._extra_names,
+                        self._reader, weight)
 
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"the store {self._path} is closed; open it again with ReplayStore.open()")
 
-    def _check_writable(self) -> None:
+    def _check_writable(self) -> EpisodeWriter:
         self._check_open()
-        if self._mode != "r+":
+        if self._writer is None:
             raise ReadOnlyStoreError(f"the store {self._path} is open read-only (mode='r'); open it with mode='r+'")
-        if isinstance(self._failed, ReadOnlyStoreError):
-            raise self._failed
-        if self._failed is not None:
-            raise ReadOnlyStoreError(
-                f"the store {self._path} turned read-only after a disk error ({self._failed}); free space or fix"
-                " the disk, then reopen it: it reopens at its last commit")
-
-    def _fail(self, exc: OSError, doing: str) -> StoreIOError:
-        self._failed = exc
-        return StoreIOError(exc.errno, f"{doing} in {self._path} failed: {exc.strerror or exc}; the store is now"
-                            " read-only (sampling still works); free space or fix the disk, then reopen it")
+        self._durable.check_not_failed()
+        return self._writer
 
 
-_INF_BITS = np.uint64(0x7FF0000000000000)
 _WRITERS: weakref.WeakSet[ReplayStore] = weakref.WeakSet()
 
 
@@ -832,7 +650,7 @@ def _after_fork_in_child() -> None:
             except OSError:
                 pass
             store._lock_fd = None
-        store._failed = ReadOnlyStoreError(
+        store._durable.failed = ReadOnlyStoreError(
             "this store was opened for writing in the parent process; open it in the child with mode='r'")
 
 
@@ -849,23 +667,6 @@ def _take_lock(path: str) -> int:
             f"{path} is already open for writing by another process (or another ReplayStore in this one);"
             " close it first, or open with mode='r' to read") from None
     return fd
-
-
-def _check_beta(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
-            np.isfinite(value) and value >= 0):
-        raise ValueError(f"beta must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
-    state = manifest.get("pending_draws")
-    if not state:
-        return [], {}
-    weights = state["weights"] or [None] * len(state["ids"])
-    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), {}, i)
-             for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
-    return draws, state["rng_after"]
 
 
 def _json_dict(value: Any) -> dict[str, Any]:

@@ -14,10 +14,10 @@ import os
 
 import numpy as np
 
-from .checkpoint import priority_files
 from .errors import MMReplayError
-from .index import START
+from .layout import START
 from .options import Schema
+from .statefiles import priority_files
 from .storage import npyfile
 from .storage.manifest import read_manifest
 from .storage.ring import chunk_file, columns_for, crc32_file_data
@@ -91,9 +91,10 @@ def _open_check(path: str) -> list[str]:
 
     try:
         with ReplayStore.open(path, mode="r") as s:
-            if s._prio is not None:
+            state = s.inspect()
+            if "priority_slots" in state:
                 n = len(s)
-                positive = s._prio.tree.count_positive
+                positive = state["priority_slots"]
                 if positive != n:
                     return [f"{path}: {positive} transitions carry priority mass, {n} are sampleable"]
     except (MMReplayError, OSError) as exc:

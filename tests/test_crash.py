@@ -43,7 +43,7 @@ def kill_trial(tmp: str, seed: int, delay: float, total: int = 400) -> dict:
     assert gen in commits and gen >= max(commits) - 1, (gen, commits)  # the last finished commit or the one in flight
     _check(store, seed, commits[gen], os.path.join(tmp, "replica"))
     # writing continues from the commit, and the next commit is durable
-    store.step(0, 0.0, np.zeros(3, np.int32), False, False) if store._ep_open[0] else store.reset(
+    store.step(0, 0.0, np.zeros(3, np.int32), False, False) if store.episode_open[0] else store.reset(
         np.zeros(3, np.int32))
     store.close()
     mr.ReplayStore.open(path, mode="r").close()

@@ -18,13 +18,13 @@ def _write(s, episodes):
     t = 0
     info = []
     for length, head_lost, end in episodes:
-        s._import_reset(np.array([t, 0], np.int32), head_lost=head_lost)
+        s.reset(np.array([t, 0], np.int32), head_lost=head_lost)
         first = s.id_range[1]
         for j in range(length):
             t += 1
             last = j == length - 1
             if last and end.startswith("missing"):
-                s._import_final_missing(j % 3, float(j), end == "missing-term", end == "missing-trunc")
+                s.step(j % 3, float(j), None, end == "missing-term", end == "missing-trunc")
             else:
                 s.step(j % 3, float(j), np.array([t, j + 1], np.int32), last and end == "terminated",
                        last and end == "truncated")

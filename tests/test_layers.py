@@ -9,12 +9,13 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic", "native"},
+    {"errors", "options", "synthetic", "native", "numeric"},
     {"storage"},
-    {"index"},
-    {"log", "episodes", "reader", "batch", "prefetch", "checkpoint", "snapshot"},
-    {"sampling"},
-    {"store", "_writing", "_inputs", "verify"},
+    {"layout", "plan", "episodes", "index"},
+    {"log", "reader", "batch", "prefetch", "statefiles", "snapshot", "_inputs"},
+    {"sampling", "writer"},
+    {"drawing", "durability"},
+    {"store", "verify"},
     {"datasets"},
     {"gym", "torch", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli"},
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -76,8 +74,7 @@ def test_commit_mid_iteration_resumes_the_same_batches(tmp_path, prio):
             a.update_priorities(b.index, rng.random(16) + 0.1)
     it.close()
     # crash: reopen the committed state and repeat the same calls
-    os.close(a._lock_fd)
-    a._lock_fd = None
+    a.close(commit=False)
     r = mr.ReplayStore.open(tmp_path / "a")
     rng = np.random.default_rng(0)
     for _ in range(5):
@@ -97,7 +94,7 @@ def test_prefetch_survives_chunk_retirement(tmp_path):
     it = a.batches(8, prefetch=3)
     for t in range(300):
         for s in (a, b):
-            if s._ep_open[0]:
+            if s.episode_open[0]:
                 s.step(1, 1.0, np.full(3, 1000 + t, np.int32), t % 29 == 28, False)
             else:
                 s.reset(np.full(3, -1000 - t, np.int32))
@@ -123,10 +120,8 @@ def test_read_paths_return_the_same_rows(tmp_path, threads):
     including rows whose stacks cross chunk boundaries and a store that has retired chunks."""
     a = _fill(tmp_path / "a", capacity=60, chunk_size=8, steps=300)
     a.close()
-    plain = mr.ReplayStore.open(tmp_path / "a", mode="r", seed=3, read_threads=1)
-    plain._reader.prefetch_io = False  # the plain mmap gather, one thread
-    fast = mr.ReplayStore.open(tmp_path / "a", mode="r", seed=3, read_threads=threads)
-    fast._reader.MIN_SPLIT_BYTES = 1  # split even these small batches across the reader threads
+    plain = mr.ReplayStore.open(tmp_path / "a", mode="r", seed=3, read_threads=1, read_ahead=False)
+    fast = mr.ReplayStore.open(tmp_path / "a", mode="r", seed=3, read_threads=threads, read_ahead=True)
     assert plain.id_range[0] > 0  # chunks were retired
     for _ in range(30):
         _same(fast.sample(64), plain.sample(64))
@@ -150,7 +145,7 @@ def test_prefetched_batches_are_planned_when_drawn(tmp_path):
     got = [next(it)]  # batches 0..3 are drawn now
     for s in (a,):
         for t in range(50):
-            if s._ep_open[0]:
+            if s.episode_open[0]:
                 s.step(0, 0.0, np.full(3, 5000 + t, np.int32), False, False)
             s.reset(np.full(3, -5000 - t, np.int32))  # ends the episode open at the head
     got += [next(it) for _ in range(3)]

@@ -207,7 +207,7 @@ def test_prioritized_rows_match_model_and_never_draw_invalid(tmp_path_factory, d
 def test_tree_holds_mass_only_on_sampleable_slots(tmp_path):
     s = _store(tmp_path / "s", capacity=20, n_step=3, stack=2, steps=90, chunk_size=8)
     n = len(s)
-    assert s._prio.tree.count_positive == n  # internal check: no mass on evicted or pending slots
+    assert s.inspect()["priority_slots"] == n  # internal check: no mass on evicted or pending slots
     s.close()
 
 
@@ -216,8 +216,9 @@ def _same_priority_state(a: mr.ReplayStore, b: mr.ReplayStore) -> None:
     ids = a.sampleable_ids()
     np.testing.assert_array_equal(ids, b.sampleable_ids())
     np.testing.assert_array_equal(a.priorities(ids), b.priorities(ids))
-    np.testing.assert_array_equal(a._prio.tree.get(a._slots_of(ids)), b._prio.tree.get(b._slots_of(ids)))
-    assert a._prio.tree.total == b._prio.tree.total and a.max_priority == b.max_priority
+    ia, ib = a.inspect(ids), b.inspect(ids)
+    np.testing.assert_array_equal(ia["priority_masses"], ib["priority_masses"])
+    assert ia["priority_total"] == ib["priority_total"] and a.max_priority == b.max_priority
 
 
 def test_commits_write_priority_deltas_that_reopen_exactly(tmp_path):
@@ -230,7 +231,7 @@ def test_commits_write_priority_deltas_that_reopen_exactly(tmp_path):
     rng = np.random.default_rng(0)
     s.reset(np.zeros((2, 2), np.int32))
     kinds, growth_seen = [], False
-    positions = s._log.ring.positions
+    positions = s.inspect()["ring_positions"]
     for commit in range(60):
         one_step = 25 <= commit < 32  # short episodes fill chunks with starts: the ring grows
         for _ in range(int(rng.integers(5, 40)) if commit else 900):
@@ -241,8 +242,8 @@ def test_commits_write_priority_deltas_that_reopen_exactly(tmp_path):
                 b = s.sample(8)
                 s.update_priorities(b.index, rng.random(8) * rng.choice([0.5, 3.0]))
         s.commit()
-        growth_seen |= s._log.ring.positions != positions
-        entry = s._prio_chain
+        growth_seen |= s.inspect()["ring_positions"] != positions
+        entry = s.inspect()["priority_state"]
         kinds.append("delta" if entry["deltas"] else "full")
         referenced = {os.path.basename(f) for f in [entry["file"], *entry["deltas"]]}
         assert set(os.listdir(path / "state")) == referenced  # nothing else is kept
@@ -261,7 +262,7 @@ def test_commits_write_priority_deltas_that_reopen_exactly(tmp_path):
         b = w.sample(8)
         w.update_priorities(b.index, np.full(8, 7.0))
         w.commit()
-        assert w._prio_chain["deltas"]
+        assert w.inspect()["priority_state"]["deltas"]
         with mr.ReplayStore.open(path, mode="r") as r:
             _same_priority_state(w, r)
             np.testing.assert_array_equal(r.priorities(np.unique(b.index)), 7.0)
@@ -272,7 +273,7 @@ def test_a_missing_priority_delta_is_named(tmp_path):
     s.commit()
     s.update_priorities(s.sampleable_ids()[:5], np.full(5, 2.0))
     s.commit()
-    delta = s._prio_chain["deltas"][-1]
+    delta = s.inspect()["priority_state"]["deltas"][-1]
     s.close()
     os.unlink(tmp_path / "s" / delta)
     with pytest.raises(mr.CorruptStoreError, match=os.path.basename(delta)):
@@ -288,7 +289,8 @@ def test_damaged_priority_files_are_named_and_the_store_opens_once_repaired(tmp_
     ids = s.sampleable_ids()[:5]
     s.update_priorities(ids, np.full(5, 2.0))
     s.commit()
-    full, delta = s._prio_chain["file"], s._prio_chain["deltas"][-1]
+    state = s.inspect()["priority_state"]
+    full, delta = state["file"], state["deltas"][-1]
     s.close()
     cases = [(delta, np.zeros((2, 5)), r"expected float64\[3, n\]"),  # a delta without its id row
              (full, np.zeros((2, 10**4)), "covers 10000 ids")]  # more ids than the commit issued

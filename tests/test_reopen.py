@@ -60,9 +60,8 @@ def test_uncommitted_writes_are_ignored_on_reopen(tmp_path):
     ref.model.reset(o)
     _drive(ref, 50, 3)
     _drive(pair, 30, 4)  # never committed
-    # Simulate the crash: drop the writer without closing (the lock goes with its file descriptor).
-    os.close(pair.store._lock_fd)
-    pair.store._lock_fd = None
+    # Simulate the crash: drop the writer without committing what followed the commit.
+    pair.store.close(commit=False)
     reopened = mr.ReplayStore.open(tmp_path / "s")
     ref.store.close()
     ref.store = reopened

@@ -17,7 +17,7 @@ def _fill(path, steps=900, seed=0, **kw):
     for t in range(steps):
         end = rng.random() < 0.03
         s.step(t % 4, 1.0, np.array([t + 1, 0], np.int32), end, rng.random() < 0.01)
-        if end or s._ep_open[0] == 0:
+        if end or s.episode_open[0] == 0:
             s.reset(np.array([t + 1, 1], np.int32))
     return s
 
@@ -81,11 +81,11 @@ def test_seeded_sampling_is_reproducible(tmp_path):
 
 def test_iter_batches_is_one_epoch_and_keeps_the_rng(tmp_path):
     s = _fill(tmp_path / "s")
-    state = s._rng.bit_generator.state
+    state = s.inspect()["rng"]
     seen = np.concatenate([b.index for b in s.iter_batches(50, shuffle=True, seed=1)])
     assert sorted(seen.tolist()) == sorted(set(seen.tolist()))
     assert seen.size == len(s)
-    assert s._rng.bit_generator.state == state
+    assert s.inspect()["rng"] == state
     again = np.concatenate([b.index for b in s.iter_batches(50, shuffle=True, seed=1)])
     assert np.array_equal(seen, again)
     ordered = np.concatenate([b.index for b in s.iter_batches(64, shuffle=False)])
@@ -101,7 +101,7 @@ def test_iter_batches_skips_rows_evicted_meanwhile(tmp_path):
     it = s.iter_batches(10, shuffle=False)
     first = next(it)
     for t in range(100):  # evicts the oldest part of what the epoch fixed
-        if s._ep_open[0]:
+        if s.episode_open[0]:
             s.step(0, 0.0, np.array([5000 + t, 0], np.int32), False, False)
         else:
             s.reset(np.zeros(2, np.int32))

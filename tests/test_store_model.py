@@ -97,7 +97,7 @@ def test_ring_grows_when_short_episodes_fill_chunks_with_starts(tmp_path):
     prioritized sum tree with it) while every row stays right."""
     pair = make_pair(str(tmp_path / "s"), capacity=40, stack=2, n_step=2, chunk_size=8,
                      extras={"lp": ((), "float32"), "vec": ((2,), "int16")}, prioritized=mr.Prioritized())
-    start_positions = pair.store._log.ring.positions
+    start_positions = pair.store.inspect()["ring_positions"]
     for t in range(300):
         pair.store.reset(o := pair.frame(None))
         pair.model.reset(o)
@@ -108,9 +108,9 @@ def test_ring_grows_when_short_episodes_fill_chunks_with_starts(tmp_path):
         if t % 50 == 49:
             assert_same(pair)
             pair.store.update_priorities(pair.store.sample(8).index, np.arange(8) + 1.0)
-    assert pair.store._log.ring.positions > start_positions  # it did grow
+    assert pair.store.inspect()["ring_positions"] > start_positions  # it did grow
     n = len(pair.store)
-    assert pair.store._prio.tree.count_positive == n
+    assert pair.store.inspect()["priority_slots"] == n
     pair.store.close()
     pair.store = mr.ReplayStore.open(str(tmp_path / "s"))
     assert_same(pair)
@@ -123,16 +123,16 @@ def test_reopen_after_the_ring_grew_keeps_its_layout_and_draws(tmp_path):
     path = str(tmp_path / "s")
     s = mr.ReplayStore.create(path, capacity=40, obs_shape=(1,), obs_dtype="int32", stack=2, chunk_size=8,
                               seed=5)
-    start, full_rings = s._log.ring.positions, 0
+    start, full_rings = s.inspect()["ring_positions"], 0
     for t in range(400):
         s.reset(np.array([t], np.int32))
         s.step(0, 1.0, np.array([t], np.int32), t % 2 == 0, t % 2 == 1)
         if t % 7 == 6 and len(s):
             s.commit()
-            full_rings += len(s._log.chunks) == s._log.ring.positions
+            full_rings += s.inspect()["chunks"] == s.inspect()["ring_positions"]
             with mr.ReplayStore.open(path, mode="r") as r:
-                assert r._log.ring.positions == s._log.ring.positions
+                assert r.inspect()["ring_positions"] == s.inspect()["ring_positions"]
                 for _ in range(3):
                     np.testing.assert_array_equal(r.sample(8).index, s.sample(8).index)
-    assert s._log.ring.positions > start and full_rings  # the case this test is about did occur
+    assert s.inspect()["ring_positions"] > start and full_rings  # the case this test is about did occur
     s.close()

@@ -94,7 +94,7 @@ def feed_episode(store: ReplayStore, length: int, read_frames: Callable[[int, in
 
     ``read_frames(a, b)`` returns observations ``a .. b-1`` and ``read_steps(a, b)`` steps ``a .. b-1``;
     both are called with ranges of at most ``piece``. ``final_missing``: the source lacks the final
-    observation, so the last step is written with ``_import_final_missing`` (the frame is not read).
+    observation, so the last step is written with ``next_obs=None`` (the frame is not read).
     ``end_open_as_truncated``: a last step with neither flag set ends the episode as truncated.
     """
     store.reset(read_frames(0, 1)[0])
@@ -124,7 +124,7 @@ def feed_episode(store: ReplayStore, length: int, read_frames: Callable[[int, in
         if stop < b:
             i = b - a - 1
             ex = {n: st.extras[n][i] for n in names} if names else {}
-            store._import_final_missing(acts[i], rews[i], terms[i], truncs[i], **ex)
+            store.step(acts[i], rews[i], None, terms[i], truncs[i] or not terms[i], **ex)
         if bar is not None:
             bar.update(b - a)
 

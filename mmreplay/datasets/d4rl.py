@@ -7,7 +7,7 @@ termination / by truncation), optionally ``next_observations`` (o_{t+1}), and ex
 in ``mmreplay``, the rest of the store's layout and metadata.
 
 What the layout cannot express without ``next_observations``: an episode's final observation.
-An import then writes every episode's last step with ``_import_final_missing``: a terminated
+An import then writes every episode's last step with ``next_obs=None``: a terminated
 row gets a zero ``next_obs`` (the store would have returned the real final frame), and rows
 whose n-step window would bootstrap from the final frame of a truncated episode are not
 sampleable. With ``next_observations`` a round trip is exact.

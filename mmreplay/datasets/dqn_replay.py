@@ -22,8 +22,8 @@ How rows become the store: rows are taken in add order (oldest first); suffixes 
 together are joined by add index (overlapping rows are checked to agree and imported once;
 a gap ends the open episode). A fresh ring whose start was overwritten begins with the row
 after the cursor: unless that stale row ended an episode, its episode lost its start and is
-written with ``_import_reset(head_lost=True)``. Each episode's last step is written with
-``_import_final_missing`` (terminated, or truncated for a non-terminal end). The episode still
+written with ``reset(obs, head_lost=True)``. Each episode's last step is written with
+``next_obs=None`` (terminated, or truncated for a non-terminal end). The episode still
 running at the last row stays open: its last row has no next frame.
 """
 
@@ -84,7 +84,7 @@ class _RowWriter:
             self.at_buffer_start = False
             x = {n: extras[n][j] for n in names} if names else _NONE
             if self.pending is None:
-                store._import_reset(frames[j], head_lost=self.head_lost_next)
+                store.reset(frames[j], head_lost=self.head_lost_next)
                 self.counts["episodes"] += 1
                 self.counts["head_lost"] += int(self.head_lost_next)
                 self.head_lost_next = False
@@ -95,7 +95,7 @@ class _RowWriter:
                 else:
                     store.step(a, r, frames[j], False, False)
             if end[j]:
-                store._import_final_missing(act[j], rew[j], bool(term[j]), not term[j], **x)
+                store.step(act[j], rew[j], None, bool(term[j]), not term[j], **x)
                 self.counts["terminated" if term[j] else "truncated"] += 1
                 self.pending = None
                 self.pad_left = self.pad

@@ -11,95 +11,92 @@ Importance weights, for N sampleable transitions and P(i) = mass_i / total:
 
 N cancels, and the maximum over the whole store is reached at the smallest
 positive mass (the tree's ``min_positive``), so the weights never exceed 1.
+
+Durable state: a full table of (raw priority, mass) per retained id, plus
+delta files of the ids changed since (see FORMAT.md, "State files"), so a
+commit costs O(changes), not O(capacity).
 """
 
 from __future__ import annotations
 
+import math
+import os
+from typing import Any
+
 import numpy as np
 
+from ..errors import CorruptStoreError, NotSampleableError
+from ..index import Index
+from ..numeric import finite_nonnegative, keep_last
 from ..options import Prioritized
+from ..statefiles import StateDir
 from .sumtree import SumTree
+from .uniform import require_sampleable
+
+MAX_DELTA_FILES = 64
 
 
-class PrioritySampler:
-    """Sum tree + raw priorities over ``size`` ring slots."""
+def check_beta(value: Any) -> float:
+    """A valid importance-weight exponent (finite, >= 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) or not (
+            math.isfinite(value) and value >= 0):
+        raise ValueError(f"beta must be a finite number >= 0, got {value!r}")
+    return float(value)
 
-    def __init__(self, options: Prioritized, size: int) -> None:
+
+class PrioritizedSampler:
+    """Sum tree + raw priorities over the index's ring slots, and their durable state."""
+
+    def __init__(self, index: Index, options: Prioritized) -> None:
+        self.index = index
         self.alpha = options.alpha
         self.eps = options.eps
         self.beta = options.beta
+        size = index.size
         self.tree = SumTree(size)
         self.raw = np.zeros(size, np.float64)
         self.max_priority = 1.0
+        self.skipped_updates = 0  # ids update() skipped: evicted or not sampleable
         # Slots whose raw priority or mass changed since the last commit (for a delta state file),
         # or dirty_all when only a full state file will do (after a relayout).
         self._dirty = np.zeros(size, np.bool_)
         self.dirty_all = False
-
-    def _touch(self, slots: np.ndarray) -> None:
-        self._dirty[slots] = True
-
-    def dirty_slots(self) -> np.ndarray:
-        """The slots changed since ``clean()`` (sorted int64); meaningless when ``dirty_all``."""
-        return np.flatnonzero(self._dirty)
-
-    def mark_all_dirty(self) -> None:
-        self.dirty_all = True
-
-    def clean(self) -> None:
-        """The current state is what is on disk (a commit wrote it)."""
-        self.dirty_all = False
-        self._dirty[:] = False
+        self._chain: dict[str, Any] | None = None  # the committed entry the next delta builds on
 
     def mass(self, p: np.ndarray | float) -> np.ndarray:
         return np.power(np.asarray(p, np.float64) + self.eps, self.alpha)
 
-    def add(self, slots: np.ndarray) -> None:
+    # -- sampling --------------------------------------------------------------------------------------
+    def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Stratified draw of ``batch_size`` ids and their importance weights (float32) for ``beta``
+        (default ``self.beta``)."""
+        if not replace:
+            raise ValueError("sample(replace=False) is for uniform stores: prioritized sampling is stratified"
+                             " and with replacement; use iter_batches() for an epoch without repeats")
+        use_beta = self.beta if beta is None else check_beta(beta)
+        require_sampleable(self.index.n_valid)
+        slots = self.tree.sample_stratified(rng, batch_size)
+        weight = np.power(self.tree.get(slots) / self.tree.min_positive, -use_beta)
+        return self.index.ids_of(slots), weight.astype(np.float32)
+
+    # -- per-slot state --------------------------------------------------------------------------------
+    def _set(self, slots: np.ndarray, raw: np.ndarray | float, mass: np.ndarray | float) -> None:
+        self.raw[slots] = raw
+        self.tree.set_distinct(slots, mass)
+        self._dirty[slots] = True
+
+    def added(self, slots: np.ndarray) -> None:
         """Slots that just became sampleable enter with the maximum priority seen so far."""
         if slots.size:
-            self.raw[slots] = self.max_priority
-            self.tree.set_distinct(slots, float(self.mass(self.max_priority)))
-            self._touch(slots)
+            self._set(slots, self.max_priority, float(self.mass(self.max_priority)))
 
-    def clear(self, slots: np.ndarray) -> None:
-        """Slots that stopped being sampleable (retired, or their stack history went) lose their mass."""
+    def slots_cleared(self, slots: np.ndarray) -> None:
+        """Slots that stopped being sampleable lose their mass."""
         if slots.size:
-            self.raw[slots] = 0.0
-            self.tree.set_distinct(slots, 0.0)
-            self._touch(slots)
+            self._set(slots, 0.0, 0.0)
 
-    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
-        """Set raw priorities (finite, >= 0) of distinct sampleable slots (validated by the caller)."""
-        if slots.size:
-            self.raw[slots] = priorities
-            self.tree.set_distinct(slots, np.power(priorities + self.eps, self.alpha))
-            self._touch(slots)
-            top = float(priorities.max())
-            if top > self.max_priority:
-                self.max_priority = top
-
-    def restore(self, slots: np.ndarray, priorities: np.ndarray, masses: np.ndarray, max_priority: float) -> None:
-        """Load committed raw priorities and tree masses of the sampleable slots (the rest stay 0).
-
-        The masses are loaded as saved, not recomputed, so the restored tree is bit for bit the
-        committed one and sampling continues exactly.
-        """
-        self.raw[:] = 0.0
-        self.raw[slots] = priorities
-        leaves = np.zeros(self.raw.size, np.float64)
-        leaves[slots] = masses
-        self.tree.load_leaves(leaves)
-        self.max_priority = float(max_priority)
-        self.clean()
-
-    def sample(self, rng: np.random.Generator, batch_size: int, beta: float) -> tuple[np.ndarray, np.ndarray]:
-        """Stratified draw of ``batch_size`` slots and their importance weights (float32)."""
-        slots = self.tree.sample_stratified(rng, batch_size)
-        mass = self.tree.get(slots)
-        weight = np.power(mass / self.tree.min_positive, -beta)
-        return slots, weight.astype(np.float32)
-
-    def relayout(self, size: int, moves: list[tuple[slice, slice]]) -> None:
+    def ring_resized(self, size: int, moves: list[tuple[slice, slice]]) -> None:
         """Move to a ring of ``size`` slots: ``moves`` are (old slots, new slots) of each retained chunk."""
         raw = np.zeros(size, np.float64)
         leaves = np.zeros(size, np.float64)
@@ -110,4 +107,135 @@ class PrioritySampler:
         self.raw = raw
         self.tree = SumTree.from_leaves(leaves)
         self._dirty = np.zeros(size, np.bool_)
-        self.mark_all_dirty()  # slots moved: a delta by slot would be meaningless
+        self.dirty_all = True  # slots moved: a delta by slot would be meaningless
+
+    # -- priorities ------------------------------------------------------------------------------------
+    def update(self, ids: np.ndarray, priorities: Any) -> int:
+        """Set raw priorities of ``ids`` (int64); returns how many ids were skipped (evicted or not
+        sampleable). The last of repeated ids wins. Raises ``ValueError`` for NaN, infinite or negative
+        priorities and length mismatches, naming the first bad position, ``NotSampleableError`` for ids
+        never issued; nothing changes then. Call after the index is synced."""
+        p = np.asarray(priorities)
+        if p.shape != ids.shape:
+            raise ValueError(f"priorities: expected shape {ids.shape} (one per index), got {p.shape}")
+        if p.size and p.dtype.kind not in "biuf":
+            raise TypeError(f"priorities: expected real numbers, got dtype {p.dtype}")
+        if not ids.size:
+            return 0
+        p = finite_nonnegative(p.astype(np.float64), "priorities")
+        idx = self.index
+        lo, hi = int(ids.min()), int(ids.max())
+        if hi >= idx.next_id or lo < 0:
+            never = int(np.flatnonzero((ids >= idx.next_id) | (ids < 0))[0])
+            raise NotSampleableError(f"index[{never}] = {ids[never]} was never issued (next id is {idx.next_id})")
+        ok = idx.valid_in_range(ids) if lo >= idx.oldest_id else idx.ids_valid(ids)
+        skipped = ids.size - int(np.count_nonzero(ok))
+        if skipped:
+            self.skipped_updates += skipped
+            ids, p = ids[ok], p[ok]
+        ids, p = keep_last(ids, p)
+        if ids.size:
+            self._set(idx.slots_of(ids), p, np.power(p + self.eps, self.alpha))
+            top = float(p.max())
+            if top > self.max_priority:
+                self.max_priority = top
+        return skipped
+
+    def priorities(self, ids: np.ndarray) -> np.ndarray:
+        """Raw priorities (float64) of sampleable ids (checked by the caller)."""
+        return self.raw[self.index.slots_of(ids)].copy()
+
+    def masses(self, ids: np.ndarray) -> np.ndarray:
+        """Sum-tree masses (float64) of sampleable ids (checked by the caller)."""
+        return self.tree.get(self.index.slots_of(ids))
+
+    def total_mass(self) -> float:
+        return float(self.tree.total)
+
+    def positive_slots(self) -> int:
+        """Slots carrying mass (equals the number of sampleable transitions when consistent)."""
+        return int(self.tree.count_positive)
+
+    # -- durable state ---------------------------------------------------------------------------------
+    def save_state(self, files: StateDir, delta: bool) -> dict[str, Any]:
+        """Write the priority state; return the manifest entry.
+
+        A full file holds the raw priority and tree mass of every retained id. With ``delta`` (a commit
+        in place), when the last commit's files are there to build on and few slots changed since, only
+        the changed ids are written, as a delta file listed after the previous ones: a commit then costs
+        O(changes), not O(capacity). A full file replaces the chain once the deltas would add up to a
+        quarter of the retained ids or number ``MAX_DELTA_FILES`` files.
+        """
+        idx = self.index
+        entry = {"max_priority": self.max_priority, "beta": self.beta, "skipped_updates": self.skipped_updates}
+        chain = self._chain
+        if delta and chain is not None and not self.dirty_all:
+            slots = np.flatnonzero(self._dirty)
+            ids = idx.ids_of(slots)
+            keep = (ids >= idx.oldest_id) & (ids < idx.next_id)
+            slots, ids = slots[keep], ids[keep]
+            rows = int(chain.get("delta_rows", 0)) + ids.size
+            if rows <= (idx.next_id - idx.oldest_id) // 4 and len(chain.get("deltas", [])) < MAX_DELTA_FILES:
+                table = np.empty((3, ids.size))
+                table[0] = ids
+                self._columns(slots, table[1:])
+                rel = files.write("priorities-delta", table)
+                return {**entry, "file": chain["file"], "first_id": chain["first_id"],
+                        "deltas": [*chain.get("deltas", []), rel], "delta_rows": rows}
+        slots = idx.slots_of_range(idx.oldest_id, idx.next_id)
+        table = np.empty((2, slots.size))
+        self._columns(slots, table)
+        rel = files.write("priorities", table)
+        return {**entry, "file": rel, "first_id": int(idx.oldest_id), "deltas": [], "delta_rows": 0}
+
+    def saved(self, entry: dict[str, Any] | None) -> None:
+        self._chain = entry
+        self.dirty_all = False
+        self._dirty[:] = False
+
+    def _columns(self, slots: np.ndarray, out: np.ndarray) -> None:
+        """Fill ``out`` (2, len(slots)) with the slots' raw priorities and tree masses; NaN where not sampleable."""
+        self.raw.take(slots, out=out[0])
+        out[1] = self.tree.get(slots)
+        np.copyto(out, np.nan, where=~self.index.valid_at(slots))
+
+    def restore(self, files: StateDir, entry: dict[str, Any] | None, valid_slots: np.ndarray) -> None:
+        """Load committed raw priorities and tree masses of the sampleable slots (the rest stay 0).
+
+        The masses are loaded as saved, not recomputed, so the restored tree is bit for bit the
+        committed one and sampling continues exactly.
+        """
+        self._chain = entry
+        if entry is None:  # a store committed before anything was sampleable
+            self.added(valid_slots)
+            return
+        idx = self.index
+        first, deltas = int(entry["first_id"]), entry.get("deltas", [])
+        # The full file covers the ids issued at its commit; the deltas, in order, what changed since.
+        table = files.read_table(entry["file"], 2)
+        issued = idx.next_id - first
+        if table.shape[1] > issued or (not deltas and table.shape[1] != issued):
+            raise CorruptStoreError(f"{os.path.join(files.root, entry['file'])}: covers {table.shape[1]} ids"
+                                    f" from {first}; the commit issued {issued} from there")
+        if table.shape[1] < issued:
+            table = np.concatenate([table, np.full((2, issued - table.shape[1]), np.nan)], axis=1)
+        for rel in deltas:  # later files win
+            d = files.read_table(rel, 3)
+            pos = d[0].astype(np.int64) - first
+            inside = (pos >= 0) & (pos < issued)
+            table[:, pos[inside]] = d[1:, inside]
+        pos = idx.ids_of(valid_slots) - first
+        raw, mass = table[0, pos], table[1, pos]
+        if np.isnan(raw).any():
+            raise CorruptStoreError(f"{os.path.join(files.root, entry['file'])}: no priority for sampleable"
+                                    f" transition {int(idx.ids_of(valid_slots[np.isnan(raw)])[0])}")
+        self.raw[:] = 0.0
+        self.raw[valid_slots] = raw
+        leaves = np.zeros(self.raw.size, np.float64)
+        leaves[valid_slots] = mass
+        self.tree.load_leaves(leaves)
+        self.max_priority = float(entry["max_priority"])
+        self.beta = float(entry["beta"])
+        self.skipped_updates = int(entry["skipped_updates"])
+        self._dirty[:] = False
+        self.dirty_all = False

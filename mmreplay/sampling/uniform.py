@@ -9,43 +9,75 @@ list instead. Both paths are deterministic functions of the generator state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import NotSampleableError
+from ..index import Index
+from ..statefiles import StateDir
 
-IdsMask = Callable[[np.ndarray], np.ndarray]
 
-
-def draw(rng: np.random.Generator, lo: int, hi: int, n_valid: int, is_valid: IdsMask,
-         valid_ids: Callable[[], np.ndarray], batch_size: int, replace: bool) -> np.ndarray:
-    """``batch_size`` ids drawn uniformly from the valid ids in ``[lo, hi)``.
-
-    ``replace=False`` returns distinct ids. Raises ``NotSampleableError`` when
-    there are no sampleable transitions, or fewer than ``batch_size`` without
-    replacement.
-    """
+def require_sampleable(n_valid: int) -> None:
+    """Raise the error every sampler gives when nothing can be drawn."""
     if n_valid == 0:
         raise NotSampleableError(
             "no sampleable transitions yet: a transition becomes sampleable once its n-step window has"
             " closed (add more steps or end the episode)")
-    if not replace and batch_size > n_valid:
-        raise NotSampleableError(
-            f"sample({batch_size}, replace=False) needs {batch_size} distinct transitions, the store has"
-            f" {n_valid} sampleable; ask for fewer or use replace=True")
-    span = hi - lo
-    if 2 * n_valid < span or (not replace and 4 * batch_size > n_valid):
-        ids = valid_ids()
-        if replace:
-            return ids[rng.integers(0, ids.size, size=batch_size)]
-        return rng.choice(ids, size=batch_size, replace=False)
-    out = np.empty(0, np.int64)
-    while out.size < batch_size:
-        cand = rng.integers(lo, hi, size=batch_size - out.size, dtype=np.int64)
-        cand = cand[is_valid(cand)]
-        out = np.concatenate([out, cand])
-        if not replace:
-            _, first = np.unique(out, return_index=True)
-            out = out[np.sort(first)]
-    return out
+
+
+class UniformSampler:
+    """Every sampleable transition equally likely; keeps no state of its own."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+
+    def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``batch_size`` ids drawn uniformly; ``replace=False`` returns distinct ids.
+
+        Raises ``NotSampleableError`` when there are no sampleable transitions, or fewer than
+        ``batch_size`` without replacement; ``ValueError`` for ``beta``.
+        """
+        if beta is not None:
+            raise ValueError("beta= is for prioritized stores; this store samples uniformly")
+        idx = self.index
+        n_valid = idx.n_valid
+        require_sampleable(n_valid)
+        if not replace and batch_size > n_valid:
+            raise NotSampleableError(
+                f"sample({batch_size}, replace=False) needs {batch_size} distinct transitions, the store has"
+                f" {n_valid} sampleable; ask for fewer or use replace=True")
+        lo, hi = idx.oldest_id, idx.next_id
+        if 2 * n_valid < hi - lo or (not replace and 4 * batch_size > n_valid):
+            ids = idx.valid_ids()
+            if replace:
+                return ids[rng.integers(0, ids.size, size=batch_size)], None
+            return rng.choice(ids, size=batch_size, replace=False), None
+        out = np.empty(0, np.int64)
+        while out.size < batch_size:
+            cand = rng.integers(lo, hi, size=batch_size - out.size, dtype=np.int64)
+            cand = cand[idx.valid_in_range(cand)]
+            out = np.concatenate([out, cand])
+            if not replace:
+                _, first = np.unique(out, return_index=True)
+                out = out[np.sort(first)]
+        return out, None
+
+    def added(self, slots: np.ndarray) -> None:
+        pass
+
+    def slots_cleared(self, slots: np.ndarray) -> None:
+        pass
+
+    def ring_resized(self, size: int, moves: list[tuple[slice, slice]]) -> None:
+        pass
+
+    def save_state(self, files: StateDir, delta: bool) -> dict[str, Any] | None:
+        return None
+
+    def saved(self, entry: dict[str, Any] | None) -> None:
+        pass
+
+    def restore(self, files: StateDir, entry: dict[str, Any] | None, valid_slots: np.ndarray) -> None:
+        pass

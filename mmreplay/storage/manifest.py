@@ -14,6 +14,9 @@ import zlib
 from typing import Any
 
 from ..errors import CorruptStoreError, FormatVersionError, NotAStoreError, StoreNotFoundError
+from .files import fsync_dir, write_atomic
+
+__all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
 FORMAT_NAME = "mmreplay-store"
 FORMAT_VERSION = 1
@@ -22,30 +25,6 @@ MANIFEST = "manifest.json"
 
 def _canonical(body: dict[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(directory)
 
 
 def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -> None:

@@ -1,0 +1,105 @@
+"""The sampling RNG and the batches drawn with it: the one consumer of the RNG and its durable state.
+
+Every batch's ids are chosen here (by the store's sampler), in the caller's
+thread, in the order batches are handed out, so the RNG advances exactly as a
+loop of ``sample()`` calls would advance it. Prefetching iterators
+(``store.batches``) draw ahead; their drawn-but-not-handed-out batches are part
+of the state a commit records (FORMAT.md "Sampling state"), so a resumed
+``batches()`` hands out the same batches.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .batch import Batch
+from .index import Index
+from .prefetch import BatchIterator, Draw
+from .sampling import Sampler
+
+
+class Drawer:
+    """RNG, draw counter and live prefetching iterators of one open store."""
+
+    def __init__(self, manifest: dict[str, Any], seed: int | None) -> None:
+        self.rng = np.random.default_rng(seed)
+        if seed is None:
+            self.rng.bit_generator.state = manifest["rng"]
+            self._resume_draws, self._resume_rng = _pending_from_manifest(manifest)
+        else:
+            self._resume_draws, self._resume_rng = [], {}
+        self._count = 0  # draws made (orders the pending draws of several iterators)
+        self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
+             plan: bool = False) -> Draw:
+        """Choose a batch's ids (and weights). With ``plan``, also fix its row arithmetic now (for a copy
+        made later in another thread) and remember the RNG state before it (for ``state``)."""
+        before = dict(self.rng.bit_generator.state) if plan else {}
+        self._count += 1
+        ids, weight = sampler.draw(self.rng, batch_size, replace, beta)
+        return Draw(ids, weight, before, self._count, index.plan(index.slots_of(ids)) if plan else None)
+
+    def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], index: Index,
+                 batch_size: int, prefetch: int) -> BatchIterator:
+        """A prefetching iterator. The first one after a resume first hands out the batches the committed
+        run had drawn but not handed out (if they have this batch size), then continues from there."""
+        pending: list[Draw] = []
+        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws):
+            pending = self._resume_draws
+            self.rng.bit_generator.state = self._resume_rng
+        self._resume_draws = []
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
+        for d in pending:
+            d.plan = index.plan(index.slots_of(d.ids))
+        it = BatchIterator(draw, assemble, self._pool, prefetch, pending)
+        self._iterators.add(it)
+        return it
+
+    def state(self, index: Index) -> dict[str, Any]:
+        """The manifest's ``rng`` and ``pending_draws``: the RNG as of the last batch handed out, plus
+        batches drawn by live iterators but not handed out (with the RNG state after them)."""
+        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        if not pending:
+            return {"rng": self.rng.bit_generator.state, "pending_draws": None}
+        if not index.ids_valid(np.concatenate([d.ids for d in pending])).all():
+            # Rows drawn before a retirement evicted them cannot be handed out again after a resume:
+            # record the rule's state only (the resumed run re-draws from the last batch handed out).
+            return {"rng": pending[0].rng_before, "pending_draws": None}
+        return {"rng": pending[0].rng_before, "pending_draws": {
+            "rng_after": self.rng.bit_generator.state,
+            "ids": [d.ids.tolist() for d in pending],
+            "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}}
+
+    def drain(self) -> None:
+        """Wait until no background copy is running (before chunks are unmapped)."""
+        for it in list(self._iterators):
+            it.drain()
+
+    def end_iterators(self) -> None:
+        """End every live iterator (a reader moving to a newer commit, or closing)."""
+        for it in list(self._iterators):
+            it.close()
+
+    def close(self) -> None:
+        self.end_iterators()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
+    state = manifest.get("pending_draws")
+    if not state:
+        return [], {}
+    weights = state["weights"] or [None] * len(state["ids"])
+    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), {}, i)
+             for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
+    return draws, state["rng_after"]

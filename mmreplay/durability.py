@@ -1,0 +1,137 @@
+"""Durability: the commit protocol, snapshots, loading, and reading a consistent commit.
+
+A commit writes the state of the parts (the chunk log's table, the sampler's
+state files, the sampling RNG, the user's metadata) and then replaces the
+manifest atomically: the manifest is the commit (FORMAT.md). Data reaches the
+disk before the manifest that refers to it, so after a crash ``open()`` finds
+the last commit whole. After a disk error the store turns read-only: sampling
+still works, writes raise, reopening gives the last commit.
+
+Readers race the writer: the chunks a manifest lists may be retired by a newer
+commit between reading the manifest and mapping the chunks. ``read_consistent``
+is the one retry loop for that (used by ``open`` and ``refresh``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from . import snapshot
+from .drawing import Drawer
+from .errors import CorruptStoreError, ReadOnlyStoreError, StoreIOError
+from .log import ChunkLog
+from .options import Schema
+from .sampling import Sampler
+from .statefiles import STATE_DIR, StateDir, referenced_files, remove_unreferenced
+from .storage.manifest import read_manifest, write_manifest
+
+T = TypeVar("T")
+
+READ_RETRIES = 5
+
+
+@dataclass
+class Parts:
+    """The parts whose state a commit records (replaced together when a reader refreshes)."""
+
+    log: ChunkLog
+    sampler: Sampler
+    drawer: Drawer
+
+
+def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bool) -> T:
+    """``attach(manifest)`` for the store's current manifest, retrying while a concurrent writer retires
+    chunks the manifest it read still listed (a reader only; a writer's own manifest cannot change)."""
+    for attempt in range(READ_RETRIES):
+        manifest = read_manifest(path)
+        try:
+            return attach(manifest)
+        except CorruptStoreError:
+            if writer or attempt == READ_RETRIES - 1 or \
+                    read_manifest(path).get("generation") == manifest.get("generation"):
+                raise
+    raise AssertionError("unreachable")
+
+
+class Durability:
+    """Commits, snapshots and the failure state of one open store directory."""
+
+    def __init__(self, path: str, schema: Schema, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.schema = schema
+        self.failed: BaseException | None = None
+        self.adopt(manifest)
+
+    def adopt(self, manifest: dict[str, Any]) -> None:
+        """Take the commit counters of ``manifest`` (after open or refresh)."""
+        self.generation = int(manifest.get("generation", 0))
+        self.committed_at = float(manifest.get("committed_at", 0.0))
+        self.snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
+
+    # -- failures --------------------------------------------------------------------------------------
+    def fail(self, exc: OSError, doing: str) -> StoreIOError:
+        """Turn the store read-only after a disk error; the error to raise."""
+        self.failed = exc
+        return StoreIOError(exc.errno, f"{doing} in {self.path} failed: {exc.strerror or exc}; the store is now"
+                            " read-only (sampling still works); free space or fix the disk, then reopen it")
+
+    def check_not_failed(self) -> None:
+        if isinstance(self.failed, ReadOnlyStoreError):
+            raise self.failed
+        if self.failed is not None:
+            raise ReadOnlyStoreError(
+                f"the store {self.path} turned read-only after a disk error ({self.failed}); free space or fix"
+                " the disk, then reopen it: it reopens at its last commit")
+
+    # -- commit ----------------------------------------------------------------------------------------
+    def body(self, parts: Parts, generation: int, root: str, metadata: dict[str, Any],
+             delta: bool = False) -> dict[str, Any]:
+        """The manifest body describing the parts' current state (state files written under ``root``)."""
+        return {"generation": generation, "committed_at": time.time(), "schema": self.schema.to_json(),
+                "metadata": metadata, "snapshots": self.snapshots,
+                "priorities": parts.sampler.save_state(StateDir(root, generation), delta),
+                **parts.drawer.state(parts.log.index), **parts.log.manifest_body()}
+
+    def commit(self, parts: Parts, metadata: dict[str, Any]) -> None:
+        """Make the parts' state the durable resume point, in place (O(open chunk + changes))."""
+        try:
+            parts.log.sync_open_chunk()
+            gen = self.generation + 1
+            body = self.body(parts, gen, self.path, metadata, delta=True)
+            write_manifest(self.path, body)
+        except OSError as exc:
+            raise self.fail(exc, "committing") from exc
+        self.generation, self.committed_at = gen, body["committed_at"]
+        parts.sampler.saved(body["priorities"])
+        parts.log.after_commit()
+        remove_unreferenced(self.path, set(referenced_files(body)))
+
+    def save(self, parts: Parts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None) -> str:
+        """Write a consistent snapshot of the parts' state to ``snapshot_dir``; return its absolute path."""
+        target = os.path.abspath(snapshot_dir)
+        gen = snapshot.existing_generation(target) + 1
+        parts.log.wait_sealed()
+        os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
+        body = self.body(parts, gen, target, metadata)
+        columns = [c.name for c in parts.log.ring.columns]
+        body["chunks"] = snapshot.write_snapshot_chunks(self.path, target, body["chunks"], columns, gen)
+        saved_at = time.time()
+        body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self.path), "store_generation": self.generation,
+                                       "saved_at": saved_at}
+        write_manifest(target, body)
+        snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]}, set(referenced_files(body)))
+        self.snapshots = [s for s in self.snapshots if s["path"] != target][-15:]
+        self.snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
+        if keep is not None:
+            snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
+        return target
+
+
+def load_snapshot(snapshot_dir: str, path: str) -> None:
+    """Restore a snapshot into a new (or empty) working directory ``path`` (links where possible)."""
+    doc = snapshot.read_snapshot(snapshot_dir)
+    snapshot.materialize(snapshot_dir, doc, path)

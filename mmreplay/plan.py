@@ -1,0 +1,110 @@
+"""The row arithmetic of a batch: which slots its frames, rewards and flags come from.
+
+Pure functions of the index's arrays (passed in, never kept): the index calls
+them with its own state, the native kernels are checked against them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .layout import END, MISSING, TERMINATED, Geometry
+
+
+@dataclass
+class Plan:
+    """Row arithmetic of a batch: ring slots to gather and masks to apply (all numpy, shape B first)."""
+
+    slots: np.ndarray  # (B,) the transitions' own slots (action, extras, id)
+    obs_slots: np.ndarray  # (B, k)
+    obs_pad: np.ndarray  # (B, k) True where the frame is zero padding
+    next_slots: np.ndarray  # (B, k)
+    next_pad: np.ndarray  # (B, k)
+    reward_slots: np.ndarray  # (B, n) clamped to written rows; weights are 0 where unused
+    reward_weights: np.ndarray  # (B, n) float64 gamma**i for i < m, else 0
+    m: np.ndarray  # (B,) window length
+    terminated: np.ndarray  # (B,) bool
+    truncated: np.ndarray  # (B,) bool
+    next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros
+
+
+class RowMath:
+    """Stacking and n-step arithmetic for one store's ``stack``, ``n_step``, ``pad`` and ``gamma``."""
+
+    def __init__(self, stack: int, n_step: int, pad: str, gamma: float) -> None:
+        self.k = stack
+        self.n = n_step
+        self.pad_first = pad == "first"
+        self._back = np.arange(stack - 1, -1, -1, dtype=np.int64)  # k-1 .. 0: oldest frame first
+        self._ar_n = np.arange(n_step, dtype=np.int64)
+        self._ar_k = np.arange(stack, dtype=np.int64)
+        self._span = np.arange(-stack, n_step, dtype=np.int64)
+        self._last_col = self._ar_n == n_step - 1
+        # gamma**i for i < n: a window of length m weighs its rewards by the first m of them (O(n), not O(n^2))
+        self._gammas = np.array([gamma ** i for i in range(n_step)], np.float64)
+
+    def stack_slots(self, geo: Geometry, s: np.ndarray, last: np.ndarray,
+                    epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask.
+
+        ``epos_last`` is the episode position of row ``last`` (rows since the episode's first stored
+        frame). Works for any leading shape of ``s``/``last``/``epos_last`` (broadcast together).
+        """
+        back = self._back
+        pad = back > epos_last[..., None]
+        rows = last[..., None] - back
+        if self.pad_first or pad.any():
+            rows = np.where(pad, (last - epos_last)[..., None], rows)  # the episode's first frame
+            if self.pad_first:
+                pad = np.zeros_like(pad)
+        return geo.slots(s[..., None], rows), pad
+
+    def plan(self, flags: np.ndarray, epos: np.ndarray, geo: Geometry, slots: np.ndarray,
+             seq_of_pos: np.ndarray, oldest_row: int, rows: int, has_missing: bool) -> Plan:
+        """Everything needed to build the rows of *valid* transition slots (vectorized, no frame access).
+
+        ``flags``/``epos`` are the index's per-slot RAM flags and episode positions; ``oldest_row`` and
+        ``rows`` bound the retained, written rows. Every frame a row needs lies in the span of rows
+        ``rho-k .. rho+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
+        computation over that span serves all. Column ``c`` of the span is row ``rho + c - k``. When no
+        row's span leaves its chunk (all but a few rows per chunk), the span's slots are the row's slot
+        plus offsets; otherwise they are computed row by row with the span clamped to retained, written
+        rows. Either way a valid row's window never reaches past its first episode end before that end,
+        and positions before its episode's first frame are padding: what such slots hold is never used.
+        """
+        k, n = self.k, self.n
+        within = slots % geo.rows_alloc % geo.rows_per_stream
+        if ((within < k) | (within > geo.rows_per_stream - n)).any():
+            s, rho = geo.rows_of(slots, seq_of_pos)
+            span = rho[:, None] + self._span
+            np.maximum(span, oldest_row, out=span)
+            np.minimum(span, rows - 1, out=span)
+            sl = geo.slots(s[:, None], span)  # (B, k+n)
+        else:
+            sl = slots[:, None] + self._span
+        wslots = sl[:, k:]
+        fl = flags[wslots]  # the window's frames
+        ends = (fl & END) != 0
+        m = (ends | self._last_col).argmax(axis=1) + 1  # window length: up to and including the first end
+        idx = np.arange(slots.size)
+        last_f = fl[idx, m - 1]
+        has_end = ends.any(axis=1)
+        terminated = (last_f & TERMINATED) != 0
+        # A span column c is before the episode's first stored frame iff c < k - epos(rho).
+        first_col = k - epos[slots]
+        obs_pad = self._ar_k < first_col[:, None]
+        next_cols = m[:, None] + self._ar_k
+        next_pad = next_cols < first_col[:, None]
+        obs_slots = sl[:, :k]
+        next_slots = sl[idx[:, None], next_cols]
+        if self.pad_first:
+            first = sl[idx, np.maximum(first_col, 0)][:, None]
+            obs_slots = np.where(obs_pad, first, obs_slots)
+            next_slots = np.where(next_pad, first, next_slots)
+            obs_pad = next_pad = np.zeros_like(obs_pad)
+        missing = terminated & ((last_f & MISSING) != 0) if has_missing else np.zeros_like(terminated)
+        weights = np.where(self._ar_n < m[:, None], self._gammas, 0.0)
+        return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, weights, m, terminated,
+                    has_end & ~terminated, missing)

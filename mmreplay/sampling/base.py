@@ -1,0 +1,55 @@
+"""The protocol every sampler follows, so the store never asks which kind it has.
+
+A sampler decides which transition ids a batch holds (and their importance
+weights). It keeps per-slot state only if it needs it (the prioritized sampler's
+sum tree); the chunk log tells it when slots stop being sampleable or move, and
+the store tells it when slots become sampleable. It says what its durable state
+is (a manifest entry plus state files written through a ``StateDir``) and
+restores itself from that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..statefiles import StateDir
+
+
+class Sampler(Protocol):
+    """Chooses batches of sampleable transition ids."""
+
+    def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
+        """``batch_size`` ids (int64) and their importance weights (float32, or None meaning all 1).
+
+        The only consumer of ``rng``. Raises ``NotSampleableError`` when nothing is sampleable,
+        ``ValueError`` for options the sampler does not support (``replace=False``, ``beta``).
+        """
+        ...
+
+    def added(self, slots: np.ndarray) -> None:
+        """These slots just became sampleable."""
+        ...
+
+    def slots_cleared(self, slots: np.ndarray) -> None:
+        """These slots stopped being sampleable (retired, or their stack history went)."""
+        ...
+
+    def ring_resized(self, size: int, moves: list[tuple[slice, slice]]) -> None:
+        """The ring grew to ``size`` slots; ``moves`` are (old slots, new slots) of each retained chunk."""
+        ...
+
+    def save_state(self, files: StateDir, delta: bool) -> dict[str, Any] | None:
+        """Write the durable state (``delta``: only what changed since the last ``saved()``, if possible);
+        return the manifest entry describing it (None: nothing to save)."""
+        ...
+
+    def saved(self, entry: dict[str, Any] | None) -> None:
+        """The manifest holding ``entry`` (from ``save_state(delta=True)``) is now the commit."""
+        ...
+
+    def restore(self, files: StateDir, entry: dict[str, Any] | None, valid_slots: np.ndarray) -> None:
+        """Load the state a manifest entry describes; ``valid_slots`` are the slots sampleable at that commit."""
+        ...
