@@ -49,7 +49,7 @@ def test_plan_stops_the_window_at_the_episode_end_and_pads_the_stack():
     idx = f.idx
     idx.sync()
     plan = idx.plan(idx.slots_of(np.array([0, 1])))
-    np.testing.assert_array_equal(plan.m, [2, 1])  # both windows stop at the termination
+    np.testing.assert_array_equal(plan.window, [2, 1])  # both windows stop at the termination
     np.testing.assert_array_equal(plan.terminated, [True, True])
     np.testing.assert_array_equal(plan.obs_pad, [[True, True, False], [True, False, False]])
     np.testing.assert_array_equal(plan.obs_slots[1, 1:], [s0, s1])
