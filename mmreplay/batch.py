@@ -55,7 +55,7 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
     # n-step return: float64 terms summed strictly in increasing i (accumulate is sequential)
     terms = arrays["reward"][plan.reward_slots] * plan.reward_weights
     reward = np.add.accumulate(terms, axis=1)[:, -1].astype(np.float32)
-    discount = discounts[plan.m]
+    discount = discounts[plan.window]
     discount[plan.terminated] = 0
     return Batch(
         obs=obs,

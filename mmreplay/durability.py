@@ -14,11 +14,15 @@ is the one retry loop for that (used by ``open`` and ``refresh``).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+import numpy as np
 
 from . import snapshot
 from .drawing import Drawer
@@ -129,6 +133,49 @@ class Durability:
         if keep is not None:
             snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
         return target
+
+
+def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any]) -> None:
+    """Make ``path`` (new, or an empty directory) an empty store: generation 0, nothing written.
+
+    A failure leaves nothing behind (what was made is removed), so a corrected retry can succeed.
+    """
+    existed = os.path.isdir(path)
+    if os.path.exists(path):
+        if not existed:
+            raise ValueError(f"create(): {path} is a file; give a new or empty directory")
+        if os.listdir(path):
+            if os.path.exists(os.path.join(path, "manifest.json")):
+                raise ValueError(f"create(): {path} already holds a store; continue it with"
+                                 f" ReplayStore.open({path!r}), or give a new directory")
+            raise ValueError(f"create(): {path} is not empty and is not a store; give a new or empty directory")
+    body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
+            "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state,
+            "metadata": metadata}
+    try:
+        os.makedirs(os.path.join(path, "chunks"), exist_ok=True)
+        os.makedirs(os.path.join(path, STATE_DIR), exist_ok=True)
+        write_manifest(path, body)
+    except BaseException:
+        if existed:
+            for name in os.listdir(path):
+                full = os.path.join(path, name)
+                shutil.rmtree(full, ignore_errors=True) if os.path.isdir(full) else os.unlink(full)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def json_dict(value: Any) -> dict[str, Any]:
+    """A JSON-serializable dict given by the user (``metadata``), as a copy; ``TypeError`` otherwise."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TypeError(f"metadata must be a dict, got {type(value).__name__}")
+    try:
+        return dict(json.loads(json.dumps(value)))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"metadata must be JSON-serializable: {exc}") from None
 
 
 def load_snapshot(snapshot_dir: str, path: str) -> None:

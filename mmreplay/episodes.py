@@ -9,10 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .layout import END, LOST, MISSING, START, TERMINATED, TRUNCATED
+
+if TYPE_CHECKING:
+    from .index import Index
 
 __all__ = ["EpisodeTable", "EpisodeSteps"]
 
@@ -103,3 +107,28 @@ def step_flags(f: np.ndarray, last_step_ends: bool, terminated_end: bool) -> tup
     if last_step_ends and term.size and not terminated_end:
         trunc[-1] = True  # ended by reset() mid-episode: a truncation recorded by the next START
     return term, trunc
+
+
+def episode_frames(index: Index, arrays: dict[str, np.ndarray], table: EpisodeTable, i: int, start: int,
+                   stop: int | None) -> np.ndarray:
+    """Observations ``start .. stop-1`` of episode ``i`` of ``table`` out of the ring (a copy)."""
+    n = int(table.length[i]) + 1
+    stop = n if stop is None else stop
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
+    rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
+    return arrays["obs"][index.row_slots(int(table.stream[i]), rows)]
+
+
+def episode_steps(index: Index, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...], table: EpisodeTable,
+                  i: int, start: int, stop: int | None) -> EpisodeSteps:
+    """Steps ``start .. stop-1`` of episode ``i`` of ``table`` out of the ring (copies)."""
+    n = int(table.length[i])
+    stop = n if stop is None else stop
+    if not 0 <= start <= stop <= n:
+        raise ValueError(f"steps [{start}, {stop}) out of range for an episode of {n} steps")
+    rows = int(table.first_row[i]) + 1 + np.arange(start, stop, dtype=np.int64)
+    slots = index.row_slots(int(table.stream[i]), rows)
+    term, trunc = step_flags(arrays["flags"][slots], bool(table.ended[i]) and stop == n, bool(table.terminated[i]))
+    return EpisodeSteps(arrays["action"][slots], arrays["reward"][slots], term, trunc,
+                        {name: arrays["x_" + name][slots] for name in extra_names})

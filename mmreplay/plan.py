@@ -24,7 +24,7 @@ class Plan:
     next_pad: np.ndarray  # (B, k)
     reward_slots: np.ndarray  # (B, n) clamped to written rows; weights are 0 where unused
     reward_weights: np.ndarray  # (B, n) float64 gamma**i for i < m, else 0
-    m: np.ndarray  # (B,) window length
+    window: np.ndarray  # (B,) n-step window length m (n, or fewer when the episode ends inside it)
     terminated: np.ndarray  # (B,) bool
     truncated: np.ndarray  # (B,) bool
     next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros

@@ -11,10 +11,7 @@ boundary; it holds no rules of its own.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
-import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -24,13 +21,12 @@ import numpy as np
 from . import _inputs
 from .batch import Batch, assemble
 from .drawing import Drawer
-from .durability import Durability, Parts, load_snapshot, read_consistent
-from .episodes import EpisodeSteps, EpisodeTable, step_flags
+from .durability import Durability, Parts, create_store, json_dict, load_snapshot, read_consistent
+from .episodes import EpisodeSteps, EpisodeTable, episode_frames, episode_steps
 from .errors import (
     NotAStoreError,
     ReadOnlyStoreError,
     StoreClosedError,
-    StoreLockedError,
 )
 from .log import ChunkLog
 from .options import Prioritized, Schema
@@ -39,12 +35,12 @@ from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
 from .statefiles import StateDir
-from .storage.manifest import read_manifest, write_manifest
+from .storage.lock import take_lock
+from .storage.manifest import read_manifest
 from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
-_LOCK = "lock"
 
 
 class _RingEvents:
@@ -144,20 +140,7 @@ class ReplayStore:
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
-        if os.path.exists(path):
-            if not os.path.isdir(path):
-                raise ValueError(f"create(): {path} is a file; give a new or empty directory")
-            if os.listdir(path):
-                raise ValueError(
-                    f"create(): {path} is not empty; use ReplayStore.open({path!r}) to continue a store,"
-                    " or give a new directory")
-        os.makedirs(os.path.join(path, "chunks"), exist_ok=True)
-        os.makedirs(os.path.join(path, "state"), exist_ok=True)
-        meta = _json_dict(metadata)
-        body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
-                "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state,
-                "metadata": meta}
-        write_manifest(path, body)
+        create_store(path, schema, int(seed), json_dict(metadata))
         return cls.open(path, mode="r+", read_threads=read_threads)
 
     @classmethod
@@ -176,7 +159,7 @@ class ReplayStore:
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         path = os.fspath(path)
         read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
-        lock_fd = _take_lock(path) if mode == "r+" else None
+        lock_fd = take_lock(path) if mode == "r+" else None
 
         def attach(manifest: dict[str, Any]) -> ReplayStore:
             try:
@@ -429,27 +412,13 @@ class ReplayStore:
 
         A missing final observation reads as zeros (``table.final_missing``)."""
         self._check_open()
-        n = int(table.length[i]) + 1
-        stop = n if stop is None else stop
-        if not 0 <= start <= stop <= n:
-            raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
-        rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
-        slots = self._parts.log.index.row_slots(int(table.stream[i]), rows)
-        return self._parts.log.ring.arrays["obs"][slots]
+        return episode_frames(self._parts.log.index, self._parts.log.ring.arrays, table, i, start, stop)
 
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
         self._check_open()
-        n = int(table.length[i])
-        stop = n if stop is None else stop
-        if not 0 <= start <= stop <= n:
-            raise ValueError(f"steps [{start}, {stop}) out of range for an episode of {n} steps")
-        rows = int(table.first_row[i]) + 1 + np.arange(start, stop, dtype=np.int64)
-        slots = self._parts.log.index.row_slots(int(table.stream[i]), rows)
-        a = self._parts.log.ring.arrays
-        term, trunc = step_flags(a["flags"][slots], bool(table.ended[i]) and stop == n, bool(table.terminated[i]))
-        return EpisodeSteps(a["action"][slots], a["reward"][slots], term, trunc,
-                            {name: a["x_" + name][slots] for name in self._extra_names})
+        return episode_steps(self._parts.log.index, self._parts.log.ring.arrays, self._extra_names, table, i,
+                             start, stop)
 
     # -- priorities ------------------------------------------------------------------------------------
     def update_priorities(self, index: Any, priorities: Any) -> int:
@@ -516,7 +485,7 @@ class ReplayStore:
         """
         self._check_writable()
         self._sync()  # the state written includes every transition whose window has closed
-        self._durable.commit(self._parts, _json_dict(self.metadata))
+        self._durable.commit(self._parts, json_dict(self.metadata))
 
     def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
         """Write a consistent snapshot of the current state to ``snapshot_dir`` while training goes on.
@@ -532,7 +501,7 @@ class ReplayStore:
         if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
             raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")
         self._sync()
-        return self._durable.save(self._parts, os.fspath(snapshot_dir), _json_dict(self.metadata), keep)
+        return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
 
     @classmethod
     def load(cls, snapshot_dir: str | os.PathLike[str], path: str | os.PathLike[str], mode: str = "r+",
@@ -655,26 +624,3 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _take_lock(path: str) -> int:
-    fd = os.open(os.path.join(path, _LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreLockedError(
-            f"{path} is already open for writing by another process (or another ReplayStore in this one);"
-            " close it first, or open with mode='r' to read") from None
-    return fd
-
-
-def _json_dict(value: Any) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise TypeError(f"metadata must be a dict, got {type(value).__name__}")
-    try:
-        return dict(json.loads(json.dumps(value)))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"metadata must be JSON-serializable: {exc}") from None

@@ -2,7 +2,7 @@
 
 Plain lists and dicts, one loop per thing, everything kept in RAM forever;
 "evicted" is only a label computed from the chunk-retirement rule. It follows
-DESIGN.md §2/§2b and notes/semantics_spec.md. Choices where those are silent:
+SEMANTICS.md (and FORMAT.md for the retirement rule). Choices where those are silent:
 
 - chunk_size=None means "one endless chunk": nothing is ever retired. The real
   store's None picks a size from the frame bytes, so pass the real store's
