@@ -62,17 +62,17 @@ class EpisodeSteps:
 
 
 def episode_table(flags: np.ndarray, rewards: np.ndarray, slot_id: np.ndarray,
-                  slots_of: Callable[[int, np.ndarray], np.ndarray], num_envs: int, oldest_row: int,
-                  rows: int) -> EpisodeTable:
-    """Build the table from the index's RAM flags over the retained rows ``[oldest_row, rows)``.
+                  slots_of: Callable[[int, np.ndarray], np.ndarray], num_envs: int, oldest_row: np.ndarray,
+                  rows: np.ndarray) -> EpisodeTable:
+    """Build the table from the index's RAM flags over each stream's retained rows ``[oldest_row, rows)``.
 
     ``slots_of(stream, row)`` maps rows to ring slots (broadcasting).
     """
     parts: list[list[np.ndarray]] = [[] for _ in range(11)]
     for s in range(num_envs):
-        rr = np.arange(oldest_row, rows, dtype=np.int64)
+        rr = np.arange(oldest_row[s], rows[s], dtype=np.int64)
         if rr.size == 0:
-            break
+            continue
         sl = slots_of(s, rr)
         f = flags[sl]
         start = (f & START) != 0

@@ -37,16 +37,21 @@ class ChunkInfo:
     sealed: bool = False
     crc32: dict[str, int] | None = None
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
+    rows: list[int] | None = None  # rows of each stream it holds (its sections' fill); set when sealed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, fill: list[int] | None = None) -> dict[str, Any]:
+        """The manifest entry; ``fill``: the open chunk's current rows per stream."""
         return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
-                "sealed": self.sealed, "crc32": self.crc32}
+                "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
 
 
 def initial_positions(schema: Schema) -> int:
     """Ring positions for capacity transitions plus stack history, the retiring chunk and the open one."""
     need = schema.capacity + schema.stack * schema.num_envs
     return -(-need // schema.chunk_size) + 2
+
+
+_NONE = np.empty(0, np.int64)
 
 
 class RingListener(Protocol):
@@ -82,6 +87,7 @@ class ChunkLog:
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
+        self.fill = np.zeros(schema.num_envs, np.int64)  # rows of each stream in the open chunk
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
@@ -89,7 +95,8 @@ class ChunkLog:
 
     # -- counters --------------------------------------------------------------------------------------
     @property
-    def rows(self) -> int:
+    def rows(self) -> np.ndarray:
+        """Frame rows written, per stream."""
         return self.index.rows
 
     @property
@@ -104,18 +111,60 @@ class ChunkLog:
     def open_chunk(self) -> ChunkInfo | None:
         return self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
 
-    def stream_slots(self, row: int) -> np.ndarray:
-        """Slots of ``row`` for every stream."""
-        return self.index.geo.slots(np.arange(self.schema.num_envs), row)
+    def holes(self) -> int:
+        """Slots of the retained sealed chunks that hold no row (sections sealed part-filled)."""
+        per_chunk = self.schema.num_envs * self.rows_per_stream
+        return sum(per_chunk - sum(c.rows or ()) for c in self.chunks if c.sealed)
 
     # -- writing ---------------------------------------------------------------------------------------
+    # A row goes into its stream's section of the open chunk. The chunk rolls when a stream about to
+    # write finds its section full; the other streams' sections are sealed as they are (FORMAT.md).
     def prepare_row(self) -> int:
-        """Make sure the chunk for the next row is open; return the slot of stream 0 for that row."""
-        row = self.index.rows
-        within = row % self.rows_per_stream
-        if within == 0 and (not self.chunks or self.chunks[-1].seq < row // self.rows_per_stream):
-            self._roll(row // self.rows_per_stream)
-        return self.open_base + within
+        """Slot of the next row of stream 0 (stores with one stream), rolling first if its section is full."""
+        if self.open_base < 0 or self.fill[0] >= self.rows_per_stream:
+            self._roll()
+        return self.open_base + int(self.fill[0])
+
+    def prepare_rows(self) -> np.ndarray:
+        """Slots of the next row of every stream (a batched call), rolling first if any section is full."""
+        if self.open_base < 0 or (self.fill >= self.rows_per_stream).any():
+            self._roll()
+        return self.open_base + np.arange(self.schema.num_envs, dtype=np.int64) * self.rows_per_stream + self.fill
+
+    def prepare_run(self, s: int) -> tuple[int, int]:
+        """(slot of stream ``s``'s next row, rows its section can still take), rolling first if it is full."""
+        if self.open_base < 0 or self.fill[s] >= self.rows_per_stream:
+            self._roll()
+        fill = int(self.fill[s])
+        return self.open_base + s * self.rows_per_stream + fill, self.rows_per_stream - fill
+
+    def finish_row(self, n_transitions: int) -> None:
+        """Account for one row of every stream written, holding ``n_transitions`` transitions."""
+        self.fill += 1
+        idx = self.index
+        idx.rows += 1
+        idx.written += self.schema.num_envs
+        idx.next_id += n_transitions
+        self.chunks[-1].n_transitions += n_transitions
+        self.retained_tx += n_transitions
+
+    def finish_run(self, s: int, n_rows: int, n_transitions: int) -> None:
+        """Account for ``n_rows`` rows of stream ``s`` written, holding ``n_transitions`` transitions."""
+        self.fill[s] += n_rows
+        idx = self.index
+        idx.rows[s] += n_rows
+        idx.written += n_rows
+        idx.next_id += n_transitions
+        self.chunks[-1].n_transitions += n_transitions
+        self.retained_tx += n_transitions
+
+    def write_frames(self, slot: int, frames: np.ndarray) -> None:
+        """Write consecutive frames (C-contiguous, the obs dtype) of one section at ``slot`` with one ``pwrite``."""
+        view = frames.data.cast("B")
+        offset = npyfile.HEADER_BYTES + (slot % self.schema.rows_alloc) * self.frame_bytes
+        while view.nbytes:
+            n = os.pwrite(self.obs_fd, view, offset)
+            view, offset = view[n:], offset + n
 
     def write_frame(self, slot: int, frame: np.ndarray) -> None:
         """Write one frame of the open chunk through the file (``pwrite``), not the mapping.
@@ -138,12 +187,13 @@ class ChunkLog:
         self.obs_fd = -1
         self.open_base = -1
 
-    def _roll(self, seq: int) -> None:
-        """Retire what capacity allows, open chunk ``seq``, seal the full one before it.
+    def _roll(self) -> None:
+        """Retire what capacity allows, open the next chunk, seal the full one before it.
 
         Ordered so that a failure (a full disk when creating the new chunk's files) leaves a
         consistent log: the full chunk stays the open one and no half-made chunk is listed.
         """
+        seq = self.chunks[-1].seq + 1 if self.chunks else 0
         self.wait_sealed()
         self.listener.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
@@ -158,8 +208,11 @@ class ChunkLog:
             self._close_fd()
             self.ring.protect_chunk(full.seq)
             full.sealed = True
+            full.rows = self.fill.tolist()
+            self.index.seal_chunk(full.seq, self.fill)
         self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
-        self.index.add_chunk(seq)
+        self.index.add_chunk(seq, self.index.rows.copy())
+        self.fill[:] = 0
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum of the full chunk run beside the writer (both release the GIL);
@@ -186,13 +239,6 @@ class ChunkLog:
         if self.obs_fd >= 0:
             self.open_base = (self.chunks[-1].seq % positions) * self.schema.rows_alloc
 
-    def finish_row(self, n_transitions: int) -> None:
-        """Account for a written row holding ``n_transitions`` transitions (all streams)."""
-        self.index.rows += 1
-        self.index.next_id += n_transitions
-        self.chunks[-1].n_transitions += n_transitions
-        self.retained_tx += n_transitions
-
     # -- durability ------------------------------------------------------------------------------------
     def _sealer(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -213,8 +259,12 @@ class ChunkLog:
             self.ring.sync_chunk(self.chunks[-1].seq)
 
     def manifest_body(self) -> dict[str, Any]:
-        return {"rows": self.rows, "next_id": self.next_id, "chunks": [c.to_json() for c in self.chunks],
-                "ring_positions": self.ring.positions}
+        fill = self.fill.tolist()
+        ended, epos, lost = self.index.stream_state()
+        return {"rows": self.rows.tolist(), "next_id": self.next_id,
+                "chunks": [c.to_json(None if c.sealed else fill) for c in self.chunks],
+                "ring_positions": self.ring.positions,
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
 
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
@@ -230,34 +280,58 @@ class ChunkLog:
     @classmethod
     def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool,
                       listener: RingListener) -> ChunkLog:
-        """Map the committed chunks and rebuild the index from their flags column."""
+        """Map the committed chunks and rebuild the index from their flags (and id) columns."""
         mpath = os.path.join(root, "manifest.json")
+        n_env, rs = schema.num_envs, schema.rows_per_stream
         try:
+            entries = body["chunks"]
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
-                                bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]
-            rows, next_id = int(body["rows"]), int(body["next_id"])
+                                bool(c["sealed"]), c["crc32"], committed=True) for c in entries]
+            raw_rows = body["rows"]
+            rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * n_env, np.int64)
+            next_id = int(body["next_id"])
+            fills = [c.get("rows") for c in entries]
+            streams = body.get("streams")
+            tails = None if streams is None else np.array(
+                [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
-        rs = schema.rows_per_stream
+        if rows.shape != (n_env,) or (tails is not None and tails.shape[0] != n_env):
+            raise CorruptStoreError(f"{mpath}: rows or streams do not have one entry per env stream ({n_env})")
         seqs = [c.seq for c in chunks]
-        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows != 0:
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows.any():
             raise CorruptStoreError(f"{mpath}: chunk table is not a run of consecutive chunks ({seqs[:5]}...)")
-        if seqs and not (seqs[-1] * rs < rows <= (seqs[-1] + 1) * rs):
-            raise CorruptStoreError(f"{mpath}: {rows} rows do not end in the last listed chunk {seqs[-1]}")
-        if any(c.sealed for c in chunks[-1:]) and rows % rs:
-            raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
+        if all(f is None for f in fills):
+            # format version 1: every stream wrote every row; chunk c holds rows c*R .. c*R + R - 1
+            fill = np.array([[rs] * n_env if c.sealed else (rows - c.seq * rs).tolist() for c in chunks],
+                            np.int64).reshape(-1, n_env)
+        else:
+            try:
+                fill = np.array(fills, np.int64).reshape(len(chunks), n_env)
+            except (TypeError, ValueError):
+                raise CorruptStoreError(f"{mpath}: chunk rows {fills[:3]}... are not one count per env stream") from None
+        # Each stream's rows are consecutive across its sections: the oldest chunk's first rows follow.
+        first = np.zeros((len(chunks), n_env), np.int64)
+        if chunks:
+            first[:] = rows - np.cumsum(fill[::-1], axis=0)[::-1]
+        if (fill < 0).any() or (fill > rs).any() or (first < 0).any():
+            raise CorruptStoreError(f"{mpath}: chunk rows {fill.tolist()[:3]}... do not fit {rs} rows per stream and"
+                                    f" chunk, or add up to more than the {rows.tolist()} rows written")
+        for c, f in zip(chunks, fill, strict=True):
+            c.rows = f.tolist() if c.sealed else None
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions, listener)
         try:
-            log._load(chunks, rows, next_id, writable)
+            log._load(chunks, rows, first, fill, next_id, tails, writable)
         except BaseException:
             log.close()
             raise
         return log
 
-    def _load(self, chunks: list[ChunkInfo], rows: int, next_id: int, writable: bool) -> None:
+    def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray, next_id: int,
+              tails: np.ndarray | None, writable: bool) -> None:
         log = self
         log.chunks = deque(chunks)
         log.index.next_id = next_id
@@ -265,11 +339,16 @@ class ChunkLog:
         log.retained_tx = sum(c.n_transitions for c in chunks)
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
-        for c in chunks:
+        for c, f0, f in zip(chunks, first, fill, strict=True):
             log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
-            log.index.add_chunk(c.seq)
-        log.index.rows = rows
-        log._rebuild_index()
+            log.index.add_chunk(c.seq, f0)
+            if c.sealed:
+                log.index.seal_chunk(c.seq, f)
+        log.index.rows = rows.copy()
+        log.index.written = int(rows.sum())
+        if chunks and not chunks[-1].sealed:
+            log.fill[:] = fill[-1]
+        log._rebuild_index(first, fill, tails)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
 
@@ -289,26 +368,62 @@ class ChunkLog:
                 os.replace(tmp, path)
         fsync_dir(os.path.join(self.root, "chunks"))
 
-    def _rebuild_index(self) -> None:
-        """Rebuild the index from the retained chunks' flags column (committed rows only)."""
-        idx, n_env = self.index, self.schema.num_envs
+    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None) -> None:
+        """Rebuild the index from the retained chunks' flags column (committed rows only).
+
+        ``first``/``fill``: (chunks, streams) first row and rows of every section. Ids come from the id
+        column (stores with several streams), else from counting transitions in write order: row order
+        for one stream, (row, stream) order for a store written by format 1 (streams in lockstep).
+        """
+        idx, n_env, rs = self.index, self.schema.num_envs, self.rows_per_stream
         if not self.chunks:
-            self.initial_valid = np.empty(0, np.int64)
+            self.initial_valid = idx.rebuild([(0, _NONE, _NONE.astype(np.uint8), _NONE)] * n_env, tails)
             return
-        first = self.chunks[0]
-        rs = self.rows_per_stream
-        r0, r1 = first.seq * rs, idx.rows
-        # Slots of rows r0..r1-1 of every stream, (R, N): per chunk, its base plus the stream-major offsets.
+        head = self.chunks[0]
         bases = (np.array([c.seq for c in self.chunks], np.int64) % self.ring.positions) * self.schema.rows_alloc
-        within = np.arange(n_env, dtype=np.int64)[None, :] * rs + np.arange(rs, dtype=np.int64)[:, None]
-        slots = (bases[:, None, None] + within[None]).reshape(-1, n_env)[: r1 - r0]
-        flags = self.ring.arrays["flags"][slots] & DISK_FLAGS
-        n_tx = int(np.count_nonzero((flags & START) == 0))
-        if n_tx != self.next_id - first.first_id:
+        arrays = self.ring.arrays
+        per_stream = []
+        for s in range(n_env):
+            counts = fill[:, s]
+            starts = bases + s * rs
+            offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            slots = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+            per_stream.append((int(first[0, s]), slots, arrays["flags"][slots] & DISK_FLAGS))
+        n_tx = sum(int(np.count_nonzero((f & START) == 0)) for _, _, f in per_stream)
+        if n_tx != self.next_id - head.first_id:
             raise CorruptStoreError(
-                f"{self.ring.file_path(first.name, self.ring.columns[3])} and later: the flags columns hold {n_tx} transitions, "
-                f"the manifest counts {self.next_id - first.first_id}; the chunk files are damaged")
-        self.initial_valid = idx.rebuild(r0, slots, flags, first.first_id)
+                f"{self.ring.file_path(head.name, self.ring.columns[3])} and later: the flags columns hold {n_tx}"
+                f" transitions, the manifest counts {self.next_id - head.first_id}; the chunk files are damaged")
+        if self.schema.id_column:
+            ids = [arrays["id"][slots] for _, slots, _ in per_stream]
+            self._check_ids(per_stream, ids, head)
+        elif n_env == 1:
+            f = per_stream[0][2]
+            tx = (f & START) == 0
+            ids = [np.where(tx, head.first_id + np.cumsum(tx) - 1, -1)]
+        else:  # streams in lockstep: ids in (row, stream) order
+            flags = np.stack([f for _, _, f in per_stream], axis=1)
+            tx = (flags & START) == 0
+            order = np.where(tx, head.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
+            ids = [order[:, s] for s in range(n_env)]
+        self.initial_valid = idx.rebuild([(r0, sl, f, i) for (r0, sl, f), i in zip(per_stream, ids, strict=True)],
+                                         tails)
+
+    def _check_ids(self, per_stream: list[tuple[int, np.ndarray, np.ndarray]], ids: list[np.ndarray],
+                   head: ChunkInfo) -> None:
+        """The id column names every retained transition exactly once, and nothing on START rows."""
+        where = f"{self.ring.file_path(head.name, self.ring.columns[-1])} and later"
+        got = []
+        for (_, _, f), i in zip(per_stream, ids, strict=True):
+            if ((i >= 0) != ((f & START) == 0)).any():
+                raise CorruptStoreError(f"{where}: the id column disagrees with the flags; the chunk files are damaged")
+            got.append(i[i >= 0])
+        all_ids = np.concatenate(got) - head.first_id
+        span = self.next_id - head.first_id
+        if all_ids.size and (all_ids.min() < 0 or all_ids.max() >= span or
+                             (np.bincount(all_ids, minlength=span) != 1).any()):
+            raise CorruptStoreError(f"{where}: the id column does not number the transitions {head.first_id}.."
+                                    f"{self.next_id - 1} once each; the chunk files are damaged")
 
     def remove_strays(self) -> None:
         """Delete chunk files the manifest does not list (a crashed run's leftovers, temp copies)."""

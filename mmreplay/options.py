@@ -114,6 +114,7 @@ class Schema:
     pad: str = "zeros"
     chunk_size: int = 0
     prioritized: Prioritized | None = None
+    id_column: bool = False  # chunks record each row's transition id (stores with several env streams)
 
     @classmethod
     def build(
@@ -132,6 +133,7 @@ class Schema:
         pad: Any = "zeros",
         chunk_size: Any = None,
         prioritized: Any = None,
+        id_column: Any = None,
     ) -> Schema:
         """Validate user-facing ``create()`` arguments and pick the defaults that depend on others."""
         capacity = _int("capacity", capacity, 1)
@@ -181,8 +183,12 @@ class Schema:
                 f" mapping (at most {MAX_MAPPED_FILES:,} are allowed); use chunk_size >= {least} or the default")
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"prioritized must be mr.Prioritized(...) or None, got {prioritized!r}")
+        if id_column is None:
+            id_column = num_envs > 1  # new stores: streams may be written apart, so ids are recorded
+        elif not isinstance(id_column, bool):
+            raise TypeError(f"id_column must be a bool, got {id_column!r}")
         return cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
-                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized)
+                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized, id_column)
 
     @property
     def frame_bytes(self) -> int:
@@ -214,6 +220,7 @@ class Schema:
             "pad": self.pad,
             "chunk_size": self.chunk_size,
             "prioritized": None if self.prioritized is None else self.prioritized.to_json(),
+            "id_column": self.id_column,
         }
 
     @classmethod
@@ -225,11 +232,12 @@ class Schema:
             extras={k: (tuple(v[0]), v[1]) for k, v in d["extras"].items()},
             num_envs=d["num_envs"], vector=d["vector"], pad=d["pad"], chunk_size=d["chunk_size"],
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
+            id_column=bool(d.get("id_column", False)),  # absent in format 1: streams in lockstep, no id column
         )
 
 
 _RESERVED = frozenset({"obs", "action", "reward", "flags", "next_obs", "discount", "terminated",
-                       "truncated", "index", "weight"})
+                       "truncated", "index", "weight", "env", "final_missing"})
 
 
 def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:

@@ -33,7 +33,8 @@ def verify_store(path: str) -> list[str]:
     try:
         schema = Schema.from_json(doc["schema"])
         chunks = doc["chunks"]
-        rows, next_id = int(doc["rows"]), int(doc["next_id"])
+        raw_rows, next_id = doc["rows"], int(doc["next_id"])
+        rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * schema.num_envs, np.int64)
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{mpath}: unreadable schema or counters ({exc!r})"]
     problems: list[str] = []
@@ -67,13 +68,14 @@ def verify_store(path: str) -> list[str]:
         if readable:
             flags_path = chunk_file(path, str(c.get("name")), "flags")
             flags = np.load(flags_path, mmap_mode="r")
-            used = min(rs, max(0, rows - int(c["seq"]) * rs))
-            per_stream = flags[: schema.num_envs * rs].reshape(schema.num_envs, rs)[:, :used]
-            n_tx = int(np.count_nonzero((per_stream & START) == 0))
+            fill = c.get("rows")  # rows of each stream in the chunk (format 1: every stream wrote every row)
+            used = np.clip(rows - int(c["seq"]) * rs, 0, rs) if fill is None else np.asarray(fill, np.int64)
+            sections = flags[: schema.num_envs * rs].reshape(schema.num_envs, rs)
+            n_tx = sum(int(np.count_nonzero((sections[s, :used[s]] & START) == 0)) for s in range(schema.num_envs))
             if n_tx != int(c["n_transitions"]):
                 problems.append(f"{flags_path}: holds {n_tx} transitions, the manifest"
                                 f" records {c['n_transitions']}")
-            del flags, per_stream
+            del flags, sections
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
     for rel in priority_files(doc.get("priorities")):

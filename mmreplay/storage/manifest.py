@@ -19,7 +19,7 @@ from .files import fsync_dir, write_atomic
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
 FORMAT_NAME = "mmreplay-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 
 
