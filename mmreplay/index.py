@@ -50,7 +50,8 @@ class Index:
         self.slot_id = np.full(size, -1, np.int64)
         self.valid = np.zeros(size, np.bool_)
         self.id2slot = np.full(size, -1, np.int64)
-        self.rows = np.zeros(n_env, np.int64)  # per stream: frame rows written
+        self.rows = np.zeros(n_env, np.int64)  # per stream: frame rows written (the chunk log makes it a view
+        # of its per-stream counters; update it in place)
         self.oldest_row = np.zeros(n_env, np.int64)  # per stream: first retained row
         self.written = 0  # frame rows written by all streams (what ``sync`` compares with)
         self.next_id = 0  # the id the next transition gets
@@ -230,6 +231,14 @@ class Index:
     def seal_chunk(self, seq: int, fills: np.ndarray) -> None:
         """Chunk ``seq`` was sealed holding ``fills`` rows of each stream."""
         self.geo.seal(seq, fills)
+
+    def restore_chunk(self, seq: int, first_rows: np.ndarray, fills: np.ndarray, extents: list[list[int]] | None,
+                      sealed: bool) -> None:
+        """A committed chunk (opening a store); ``restored()`` follows once every chunk is placed."""
+        self.geo.restore(seq, first_rows, fills, extents, sealed)
+
+    def restored(self) -> None:
+        self.geo.restored()
 
     # -- ids -------------------------------------------------------------------------------------------
     @property

@@ -37,12 +37,16 @@ class ChunkInfo:
     sealed: bool = False
     crc32: dict[str, int] | None = None
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
-    rows: list[int] | None = None  # rows of each stream it holds (its sections' fill); set when sealed
+    rows: list[int] | None = None  # rows of each stream it holds; set when sealed
 
-    def to_json(self, fill: list[int] | None = None) -> dict[str, Any]:
-        """The manifest entry; ``fill``: the open chunk's current rows per stream."""
-        return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
-                "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
+    def to_json(self, fill: list[int] | None, extents: list[list[int]] | None) -> dict[str, Any]:
+        """The manifest entry; ``fill``: the open chunk's current rows per stream; ``extents``: each
+        stream's extents in row order, when not laid out as home sections."""
+        out = {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
+               "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
+        if extents is not None:
+            out["extents"] = extents
+        return out
 
 
 def initial_positions(schema: Schema) -> int:
@@ -87,7 +91,14 @@ class ChunkLog:
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
-        self.fill = np.zeros(schema.num_envs, np.int64)  # rows of each stream in the open chunk
+        # Per stream, in one block so that one numpy operation accounts for a written row: its rows in the
+        # open chunk, the slot of its next row, the rows left in its extent there, and its rows written
+        # (the index's ``rows`` is a view of the last line).
+        self._ctr = np.zeros((4, schema.num_envs), np.int64)
+        self.fill, self.cur_slot, self.room = self._ctr[0], self._ctr[1], self._ctr[2]
+        self.index.rows = self._ctr[3]
+        self._one_row = np.array([[1], [1], [-1], [1]], np.int64)
+        self._all = np.arange(schema.num_envs, dtype=np.int64)
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
@@ -112,37 +123,46 @@ class ChunkLog:
         return self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
 
     def holes(self) -> int:
-        """Slots of the retained sealed chunks that hold no row (sections sealed part-filled)."""
+        """Slots of the retained sealed chunks that hold no row (extents sealed part-filled, or never taken)."""
         per_chunk = self.schema.num_envs * self.rows_per_stream
         return sum(per_chunk - sum(c.rows or ()) for c in self.chunks if c.sealed)
 
     # -- writing ---------------------------------------------------------------------------------------
-    # A row goes into its stream's section of the open chunk. The chunk rolls when a stream about to
-    # write finds its section full; the other streams' sections are sealed as they are (FORMAT.md).
+    # A row goes into its stream's current extent of the open chunk. A stream whose extent is full takes
+    # another free extent of the chunk; the chunk rolls when none is left (layout.py, FORMAT.md).
     def prepare_row(self) -> int:
-        """Slot of the next row of stream 0 (stores with one stream), rolling first if its section is full."""
-        if self.open_base < 0 or self.fill[0] >= self.rows_per_stream:
-            self._roll()
-        return self.open_base + int(self.fill[0])
+        """Slot of the next row of stream 0 (stores with one stream), making room first if needed."""
+        if self.room.item(0) == 0:
+            self._make_room(self._all[:1])
+        return self.cur_slot.item(0)
 
     def prepare_rows(self) -> np.ndarray:
-        """Slots of the next row of every stream (a batched call), rolling first if any section is full."""
-        if self.open_base < 0 or (self.fill >= self.rows_per_stream).any():
-            self._roll()
-        return self.open_base + np.arange(self.schema.num_envs, dtype=np.int64) * self.rows_per_stream + self.fill
+        """Slots of the next row of every stream (a batched call), making room first if needed."""
+        if not self.room.all():
+            self._make_room(self._all)
+        return self.cur_slot.copy()
 
     def prepare_run(self, s: int) -> tuple[int, int]:
-        """(slot of stream ``s``'s next row, rows its section can still take), rolling first if it is full."""
-        if self.open_base < 0 or self.fill[s] >= self.rows_per_stream:
+        """(slot of stream ``s``'s next row, rows that fit in consecutive slots from there)."""
+        if self.room[s] == 0:
+            self._make_room(self._all[s:s + 1])
+        return int(self.cur_slot[s]), int(self.room[s])
+
+    def _make_room(self, streams: np.ndarray) -> None:
+        """Give every stream of ``streams`` whose extent is full a new one, rolling if too few are free."""
+        need = streams[self.room[streams] == 0]
+        if self.open_base < 0 or self.index.geo.free_extents(self.chunks[-1].seq) < need.size:
             self._roll()
-        fill = int(self.fill[s])
-        return self.open_base + s * self.rows_per_stream + fill, self.rows_per_stream - fill
+            need = streams
+        geo, seq = self.index.geo, self.chunks[-1].seq
+        for s in need.tolist():
+            self.cur_slot[s] = geo.allocate(seq, s, int(self.index.rows[s]))
+            self.room[s] = geo.extent
 
     def finish_row(self, n_transitions: int) -> None:
         """Account for one row of every stream written, holding ``n_transitions`` transitions."""
-        self.fill += 1
+        self._ctr += self._one_row
         idx = self.index
-        idx.rows += 1
         idx.written += self.schema.num_envs
         idx.next_id += n_transitions
         self.chunks[-1].n_transitions += n_transitions
@@ -150,9 +170,8 @@ class ChunkLog:
 
     def finish_run(self, s: int, n_rows: int, n_transitions: int) -> None:
         """Account for ``n_rows`` rows of stream ``s`` written, holding ``n_transitions`` transitions."""
-        self.fill[s] += n_rows
+        self._ctr[:, s] += self._one_row[:, 0] * n_rows
         idx = self.index
-        idx.rows[s] += n_rows
         idx.written += n_rows
         idx.next_id += n_transitions
         self.chunks[-1].n_transitions += n_transitions
@@ -213,6 +232,7 @@ class ChunkLog:
         self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
         self.index.add_chunk(seq, self.index.rows.copy())
         self.fill[:] = 0
+        self.room[:] = 0
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum of the full chunk run beside the writer (both release the GIL);
@@ -261,8 +281,9 @@ class ChunkLog:
     def manifest_body(self) -> dict[str, Any]:
         fill = self.fill.tolist()
         ended, epos, lost = self.index.stream_state()
+        geo = self.index.geo
         return {"rows": self.rows.tolist(), "next_id": self.next_id,
-                "chunks": [c.to_json(None if c.sealed else fill) for c in self.chunks],
+                "chunks": [c.to_json(None if c.sealed else fill, geo.extents_of(c.seq)) for c in self.chunks],
                 "ring_positions": self.ring.positions,
                 "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
 
@@ -291,6 +312,7 @@ class ChunkLog:
             rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * n_env, np.int64)
             next_id = int(body["next_id"])
             fills = [c.get("rows") for c in entries]
+            extents = [c.get("extents") for c in entries]
             streams = body.get("streams")
             tails = None if streams is None else np.array(
                 [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
@@ -314,9 +336,9 @@ class ChunkLog:
         first = np.zeros((len(chunks), n_env), np.int64)
         if chunks:
             first[:] = rows - np.cumsum(fill[::-1], axis=0)[::-1]
-        if (fill < 0).any() or (fill > rs).any() or (first < 0).any():
-            raise CorruptStoreError(f"{mpath}: chunk rows {fill.tolist()[:3]}... do not fit {rs} rows per stream and"
-                                    f" chunk, or add up to more than the {rows.tolist()} rows written")
+        if (fill < 0).any() or (fill.sum(axis=1) > schema.chunk_size).any() or (first < 0).any():
+            raise CorruptStoreError(f"{mpath}: chunk rows {fill.tolist()[:3]}... do not fit chunks of"
+                                    f" {schema.chunk_size} rows, or add up to more than the {rows.tolist()} rows written")
         for c, f in zip(chunks, fill, strict=True):
             c.rows = f.tolist() if c.sealed else None
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
@@ -324,14 +346,14 @@ class ChunkLog:
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions, listener)
         try:
-            log._load(chunks, rows, first, fill, next_id, tails, writable)
+            log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
         except BaseException:
             log.close()
             raise
         return log
 
-    def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray, next_id: int,
-              tails: np.ndarray | None, writable: bool) -> None:
+    def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray,
+              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool) -> None:
         log = self
         log.chunks = deque(chunks)
         log.index.next_id = next_id
@@ -339,15 +361,26 @@ class ChunkLog:
         log.retained_tx = sum(c.n_transitions for c in chunks)
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
-        for c, f0, f in zip(chunks, first, fill, strict=True):
+        for c in chunks:
             log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
-            log.index.add_chunk(c.seq, f0)
-            if c.sealed:
-                log.index.seal_chunk(c.seq, f)
-        log.index.rows = rows.copy()
+        try:
+            for c, f0, f, ext in zip(chunks, first, fill, extents, strict=True):
+                log.index.restore_chunk(c.seq, f0, f, ext, c.sealed)
+        except (IndexError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{os.path.join(self.root, 'manifest.json')}: chunk extents do not fit the"
+                                    f" chunks ({exc})") from None
+        log.index.restored()
+        log.index.rows[:] = rows
         log.index.written = int(rows.sum())
         if chunks and not chunks[-1].sealed:
             log.fill[:] = fill[-1]
+            geo, e = log.index.geo, log.index.geo.extent
+            for s in range(self.schema.num_envs):  # where each stream's next row goes in the open chunk
+                x = int(geo.current[s])
+                if x >= 0:
+                    used = int(fill[-1][s]) - (int(np.count_nonzero(geo.owner[chunks[-1].seq % geo.positions] == s)) - 1) * e
+                    log.cur_slot[s] = (chunks[-1].seq % geo.positions) * self.schema.rows_alloc + x * e + used
+                    log.room[s] = e - used
         log._rebuild_index(first, fill, tails)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
@@ -375,19 +408,16 @@ class ChunkLog:
         column (stores with several streams), else from counting transitions in write order: row order
         for one stream, (row, stream) order for a store written by format 1 (streams in lockstep).
         """
-        idx, n_env, rs = self.index, self.schema.num_envs, self.rows_per_stream
+        idx, n_env = self.index, self.schema.num_envs
         if not self.chunks:
             self.initial_valid = idx.rebuild([(0, _NONE, _NONE.astype(np.uint8), _NONE)] * n_env, tails)
             return
         head = self.chunks[0]
-        bases = (np.array([c.seq for c in self.chunks], np.int64) % self.ring.positions) * self.schema.rows_alloc
-        arrays = self.ring.arrays
+        arrays, geo = self.ring.arrays, idx.geo
         per_stream = []
         for s in range(n_env):
-            counts = fill[:, s]
-            starts = bases + s * rs
-            offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            slots = np.repeat(starts - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+            parts = [geo.stream_slots(c.seq, s, int(f)) for c, f in zip(self.chunks, fill[:, s], strict=True)]
+            slots = np.concatenate(parts) if parts else np.empty(0, np.int64)
             per_stream.append((int(first[0, s]), slots, arrays["flags"][slots] & DISK_FLAGS))
         n_tx = sum(int(np.count_nonzero((f & START) == 0)) for _, _, f in per_stream)
         if n_tx != self.next_id - head.first_id:

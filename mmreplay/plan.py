@@ -69,15 +69,14 @@ class RowMath:
         ``rows`` (per stream) bound the retained, written rows. Every frame a row needs lies in the span of
         rows ``rho-k .. rho+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
         computation over that span serves all. Column ``c`` of the span is row ``rho + c - k``. When no
-        row's span leaves its chunk section (all but a few rows per chunk), the span's slots are the row's
+        row's span leaves its segment (all but a few rows per chunk), the span's slots are the row's
         slot plus offsets; otherwise they are computed row by row with the span clamped to retained,
         written rows. Either way a valid row's window never reaches past its first episode end before
         that end, and positions before its episode's first frame are padding: what such slots hold is
         never used.
         """
         k, n = self.k, self.n
-        within = slots % geo.rows_alloc % geo.rows_per_stream
-        if ((within < k) | (within > geo.section_ends(slots) - n)).any():
+        if geo.spans_inside(slots, k, n - 1) is not True:
             s, rho = geo.rows_of(slots)
             span = rho[:, None] + self._span
             np.maximum(span, oldest_row[s][:, None], out=span)

@@ -15,7 +15,7 @@ import os
 import numpy as np
 
 from .errors import MMReplayError
-from .layout import START
+from .layout import START, home_extents, stream_offsets
 from .options import Schema
 from .statefiles import priority_files
 from .storage import npyfile
@@ -70,12 +70,17 @@ def verify_store(path: str) -> list[str]:
             flags = np.load(flags_path, mmap_mode="r")
             fill = c.get("rows")  # rows of each stream in the chunk (format 1: every stream wrote every row)
             used = np.clip(rows - int(c["seq"]) * rs, 0, rs) if fill is None else np.asarray(fill, np.int64)
-            sections = flags[: schema.num_envs * rs].reshape(schema.num_envs, rs)
-            n_tx = sum(int(np.count_nonzero((sections[s, :used[s]] & START) == 0)) for s in range(schema.num_envs))
+            extents = c.get("extents") or [home_extents(rs, s) for s in range(schema.num_envs)]
+            try:
+                offsets = [stream_offsets(rs, extents[s], int(used[s])) for s in range(schema.num_envs)]
+            except (IndexError, TypeError, ValueError) as exc:
+                problems.append(f"{mpath}: chunk {c['seq']}: rows {used.tolist()} do not fit its extents ({exc})")
+                continue
+            n_tx = sum(int(np.count_nonzero((flags[o] & START) == 0)) for o in offsets)
             if n_tx != int(c["n_transitions"]):
                 problems.append(f"{flags_path}: holds {n_tx} transitions, the manifest"
                                 f" records {c['n_transitions']}")
-            del flags, sections
+            del flags
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
     for rel in priority_files(doc.get("priorities")):

@@ -16,9 +16,11 @@ SEMANTICS.md (and FORMAT.md for the retirement rule). Choices where those are si
   reward, discount and next_obs do not change; only that flag does.
 
 Chunks (only what eviction needs): each chunk holds a run of rows of every stream
-(``chunks[c][s]`` = the stream's first row in chunk c). A stream about to write a
-row whose run in the open chunk already has ``chunk_size // num_envs`` rows opens
-a new chunk (FORMAT.md); batched calls do so if any stream's run is full.
+(``chunks[c][s]`` = the stream's first row in chunk c). A chunk has
+``chunk_size / E`` extents of E rows (E: the section ``chunk_size // num_envs``
+cut into the most pieces, at most 16, that divide it). A stream writes into an
+extent it took; when that is full it takes another; a new chunk opens when the
+extents the streams about to write need are more than those left (FORMAT.md).
 """
 import operator
 
@@ -69,6 +71,13 @@ class ModelStore:
         self.current = [None] * self.num_envs  # latest episode of each stream
         self.transitions = []  # transitions[id] = dict(episode, t, action, reward, extras)
         self.chunks = []  # chunks[c][s]: row of stream s where chunk c begins
+        self.taken = 0  # extents taken in the open chunk
+        self.left = [0] * self.num_envs  # rows left in each stream's extent of the open chunk
+        if self.rows_per_chunk is not None:
+            per = self.rows_per_chunk
+            m = max(d for d in range(1, min(16, per) + 1) if per % d == 0)
+            self.extent = per // m
+            self.n_extents = self.num_envs * m
         self.retired_chunks = 0  # chunks 0 .. retired_chunks-1 are gone
 
     # ---------------------------------------------------------------- writing
@@ -172,20 +181,26 @@ class ModelStore:
         self.current[s] = ep
 
     def _open_rows(self, streams):
-        """Rows of ``streams`` are about to be written: open a new chunk if one of them has no room
-        (retiring old chunks first, as far as capacity allows)."""
-        per = self.rows_per_chunk
-        if per is None:
+        """A row of each of ``streams`` is about to be written: open a new chunk if they need more extents
+        than are left (retiring old chunks first, as far as capacity allows)."""
+        if self.rows_per_chunk is None:
             return
-        if self.chunks and all(len(self.frames[s]) - self.chunks[-1][s] < per for s in streams):
-            return
-        while self.retired_chunks < len(self.chunks):
-            kept = sum(1 for tr in self.transitions if self._chunk_of(tr) > self.retired_chunks)
-            if kept - self.k * self.num_envs >= self.capacity:
-                self.retired_chunks += 1
-            else:
-                break
-        self.chunks.append([len(f) for f in self.frames])
+        need = [s for s in streams if self.left[s] == 0]
+        if not self.chunks or self.taken + len(need) > self.n_extents:
+            while self.retired_chunks < len(self.chunks):
+                kept = sum(1 for tr in self.transitions if self._chunk_of(tr) > self.retired_chunks)
+                if kept - self.k * self.num_envs >= self.capacity:
+                    self.retired_chunks += 1
+                else:
+                    break
+            self.chunks.append([len(f) for f in self.frames])
+            self.taken, self.left = 0, [0] * self.num_envs
+            need = list(streams)
+        for s in need:
+            self.taken += 1
+            self.left[s] = self.extent
+        for s in streams:
+            self.left[s] -= 1
 
     def _chunk_of(self, tr):
         """The chunk holding the transition's next frame."""

@@ -15,6 +15,8 @@ class Feed:
     def __init__(self, stack: int = 2, n_step: int = 3, positions: int = 4, pad: str = "zeros") -> None:
         self.idx = Index(Geometry(1, RS, RS, positions), stack, n_step, pad, 0.5)
         self.epos = 0
+        self.room = 0
+        self.slot = 0
 
     @property
     def rows(self) -> int:
@@ -23,12 +25,17 @@ class Feed:
     def _row(self) -> int:
         idx = self.idx
         if self.rows % RS == 0:
-            idx.add_chunk(self.rows // RS)
-        return int(idx.geo.slots(0, self.rows))
+            idx.add_chunk(self.rows // RS, np.array([self.rows]))
+        if self.room == 0:
+            self.slot = idx.geo.allocate(self.rows // RS, 0, self.rows)
+            self.room = idx.geo.extent
+        return self.slot
 
     def _advance(self) -> None:
         self.idx.rows += 1
         self.idx.written += 1
+        self.slot += 1
+        self.room -= 1
 
     def reset(self) -> int:
         idx = self.idx

@@ -7,6 +7,7 @@ chunks may be sealed with part-filled sections), and everything must survive a r
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -154,7 +155,8 @@ def test_interleaved_blocks_of_a_vector_store_match_the_model(tmp_path_factory, 
     n_env = data.draw(st.integers(2, 3))
     cfg = dict(num_envs=n_env, stack=data.draw(st.integers(1, 3)), n_step=data.draw(st.integers(1, 3)),
                gamma=0.9, pad=data.draw(st.sampled_from(["zeros", "first"])),
-               chunk_size=n_env * data.draw(st.integers(2, 8)), capacity=data.draw(st.integers(1, 30)), extras=EXTRAS)
+               chunk_size=n_env * data.draw(st.sampled_from([2, 3, 5, 8, 9, 10, 17, 21])),  # extents of 1..21 rows
+               capacity=data.draw(st.integers(1, 30)), extras=EXTRAS)
     tmp = tmp_path_factory.mktemp("vec")
     path = str(tmp / "s")
     pair = make_pair(path, **cfg)
@@ -164,8 +166,10 @@ def test_interleaved_blocks_of_a_vector_store_match_the_model(tmp_path_factory, 
     ops = data.draw(st.lists(OPS, min_size=1, max_size=40))
     _drive(pair, ops, n_env, rng, check_every=data.draw(st.integers(3, 15)))
     assert_same(pair)
-    event(f"sections sealed part-filled: {pair.store.inspect()['holes'] > 0}")
+    event(f"extents sealed part-filled: {pair.store.inspect()['holes'] > 0}")
     pair.store.close()
+    with open(os.path.join(path, "manifest.json")) as f:
+        event(f"a stream left its home section: {any('extents' in c for c in json.load(f)['chunks'])}")
     assert mr.ReplayStore.open(path, mode="r").verify() == []
     pair.store = mr.ReplayStore.open(path)
     assert_same(pair)
@@ -283,24 +287,29 @@ def test_a_block_can_fill_many_chunks_and_every_part_is_retained_right(tmp_path)
     pair.store.close()
 
 
-def test_holes_cost_disk_only_when_streams_advance_apart(tmp_path):
-    """Round-robin blocks of equal length fill sections evenly: few holes; a stream that stops writing
-    leaves its sections empty. Both stay exact against the model."""
-    pair = _vector_pair(tmp_path, chunk_size=16, capacity=200)
+def test_streams_that_advance_apart_leave_at_most_part_of_an_extent_each_per_chunk(tmp_path):
+    """Round-robin blocks, then one stream writing alone: a stream whose home section is full takes the
+    free extents of the others', so sealed chunks keep at most each stream's last extent part-filled."""
+    pair = _vector_pair(tmp_path, chunk_size=64, capacity=400)  # sections of 32 rows: extents of 2 rows
     pair.store.reset(o := pair.frame(2))
     pair.model.reset(o)
+    extent = 2
     for _ in range(10):
         for env in (1, 0):
-            args = _block(pair, 4)
-            pair.store.extend(*args, env=env, **_ex(4))
-            pair.model.extend(*args, env=env, **_ex(4))
+            args = _block(pair, 5)
+            pair.store.extend(*args, env=env, **_ex(5))
+            pair.model.extend(*args, env=env, **_ex(5))
     state = pair.store.inspect()
-    assert state["rows"] == [41, 41] and state["holes"] <= 4 * state["chunks"]  # at most a block's worth per chunk
-    for _ in range(6):  # stream 1 stops: stream 0 fills the chunks alone, half of every chunk stays empty
-        args = _block(pair, 8)
-        pair.store.extend(*args, env=0, **_ex(8))
-        pair.model.extend(*args, env=0, **_ex(8))
-    assert pair.store.inspect()["holes"] >= 3 * 8
+    assert state["rows"] == [51, 51] and state["holes"] <= 2 * (extent - 1) * (state["chunks"] - 1)
+    for _ in range(20):  # stream 1 stops: stream 0 takes the extents of stream 1's home sections
+        args = _block(pair, 7)
+        pair.store.extend(*args, env=0, **_ex(7))
+        pair.model.extend(*args, env=0, **_ex(7))
+    state = pair.store.inspect()
+    assert state["holes"] <= 2 * (extent - 1) * (state["chunks"] - 1)
+    pair.store.commit()
+    with open(tmp_path / "s" / "manifest.json") as f:
+        assert any("extents" in c for c in json.load(f)["chunks"])  # some chunk is not laid out as home sections
     assert_same(pair)
     snap = pair.store.save(str(tmp_path / "snap"))  # a snapshot of a store with holes loads the same rows
     loaded = mr.ReplayStore.load(snap, str(tmp_path / "loaded"))
