@@ -478,6 +478,14 @@ class ReplayStore:
     def beta(self, value: float) -> None:
         self._require_prio("beta").beta = check_beta(value)
 
+    def priority_mass(self) -> tuple[float, float]:
+        """``(total, smallest positive)`` priority mass ``(p + eps) ** alpha`` of the sampleable transitions
+        (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
+        self._check_open()
+        prio = self._require_prio("priority_mass")
+        self._sync()
+        return prio.total_mass(), prio.min_mass()
+
     @property
     def max_priority(self) -> float:
         """The largest raw priority ever given (1.0 at first): what new transitions enter with."""
