@@ -97,3 +97,9 @@ def batch_size_arg(batch_size: Any) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     return int(batch_size)
+
+
+def length_arg(length: Any) -> int:
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+        raise ValueError(f"length: expected a positive int (steps per sequence), got {length!r}")
+    return int(length)

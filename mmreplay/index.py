@@ -20,6 +20,7 @@ from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
 from .plan import Plan, RowMath
+from .sequences import SequencePlan, sequence_fits, sequence_plan
 
 __all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
            "LOST", "DISK_FLAGS"]
@@ -245,6 +246,19 @@ class Index:
         """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
         return self.math.plan(self.flags, self.epos, self.geo, slots, self.seq_of_pos, self.oldest_row,
                               self.rows, self.has_missing)
+
+    def sequence_plan(self, slots: np.ndarray, length: int, head: int | None = None) -> SequencePlan:
+        """The row arithmetic of sequences of ``length`` steps from valid transition slots ``slots``, as they
+        were when ``head`` rows were written (default: now; see ``sequences.sequence_plan``)."""
+        head = self.rows if head is None else head
+        if not self.oldest_row < head <= self.rows:
+            raise ValueError(f"head: expected a row count in ({self.oldest_row}, {self.rows}], got {head}")
+        return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, self.seq_of_pos, slots,
+                             length, head)
+
+    def sequence_fits(self, slots: np.ndarray, length: int) -> np.ndarray:
+        """Which valid transition slots start ``length`` steps of their episode, written now (bool mask)."""
+        return sequence_fits(self.epos, self.geo, self.seq_of_pos, slots, length, self.rows)
 
     def latest_stacks(self) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``(num_envs, k)`` of every stream's newest stacked state and its zero-padding mask.
