@@ -457,3 +457,20 @@ def test_sequences_from_a_reader_process_and_a_forked_child(tmp_path):
     os.waitpid(pid, 0)
     os.close(r_fd)
     s.close()
+
+
+def test_the_readme_recurrent_state_recipe_runs(tmp_path, monkeypatch):
+    import os
+    import re
+
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")
+    section = open(readme, encoding="utf-8").read().split("## Sequences", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S)
+    assert code, "no python block under '## Sequences' in README.md"
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__readme__"}
+    exec(compile(code.group(1), "README.md sequences", "exec"), namespace)
+    seq = namespace["seq"]
+    assert seq.obs.shape == (32, 81, 1, 8) and seq.extras["h"].shape == (32, 80, 512)
+    # the stored state of a start is the one its step was written with: zeros at an episode's first step
+    assert not seq.extras["h"][:, 0][seq.is_first[:, 0]].any()
