@@ -1,4 +1,4 @@
-"""Access to the real Atari episodes in ``../shared/data/atari`` (skipped outside CI when absent)."""
+"""The real Atari episodes in ``tests/data/atari`` (recorded by ``tools/record_atari.py``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from helpers import shared_data_dir
+from helpers import data_dir
 
 GAMES = ("pong", "breakout", "seaquest", "mspacman")
 
@@ -22,19 +22,17 @@ class Episode:
     truncated: np.ndarray  # (T,) bool
 
 
-def atari_dir() -> str:
-    """The data directory, or skip (a failure under CI=true: CI must have the data)."""
-    base = shared_data_dir()
-    path = os.path.join(base, "atari") if base else None
-    if path is None or not os.path.isdir(path):
-        if os.environ.get("CI") == "true":
-            pytest.fail("../shared/data/atari is missing in CI")
-        pytest.skip("../shared/data/atari not present")
+def atari_file(game: str) -> str:
+    """The path of ``<game>.npz``; a missing file fails the test (the data is part of the repository)."""
+    path = os.path.join(data_dir(), "atari", game + ".npz")
+    if not os.path.isfile(path):
+        pytest.fail(f"{os.path.relpath(path)} is missing: it is committed with the tests; restore it with git, or "
+                    "record it again with 'python tools/record_atari.py' (needs pip install -e '.[atari]')")
     return path
 
 
 def episodes(game: str) -> Iterator[Episode]:
-    d = np.load(os.path.join(atari_dir(), game + ".npz"))
+    d = np.load(atari_file(game))
     frames, starts = d["frames"], d["episode_starts"]
     step = 0
     for e, start in enumerate(starts):

@@ -78,11 +78,9 @@ def _gatherable(store: mr.ReplayStore, i: int) -> bool:
     return True
 
 
-def shared_data_dir() -> str | None:
-    """``../shared/data`` relative to the repository root, if present."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(os.path.dirname(root), "shared", "data")
-    return path if os.path.isdir(path) else None
+def data_dir() -> str:
+    """``tests/data``: data files committed with the tests (``data/atari`` is written by tools/record_atari.py)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
 def require(module: str):  # noqa: ANN201

@@ -2,7 +2,7 @@
 
 - Export of an N-transition Atari-like store (generated 84x84 frames, episodes of 100..3000
   steps) to zarr and to HDF5 (D4RL layout): time, MB/s of raw frames, size on disk, compression
-  ratio; the same export of a store holding the real Atari frames of ../shared/data/atari.
+  ratio; the same export of a store holding the real Atari frames of tests/data/atari.
 - Import of one N-slot DQN-replay checkpoint generated here in Dopamine's layout (gzip'd .npy
   files, 3 zero padding rows before each episode, a wrapped ring with its cursor at N-1 as the
   logged buffer leaves it), and of the zarr export: time, MB/s of raw frames, peak RssAnon
@@ -111,7 +111,7 @@ def atari_like_store(path: str, n: int) -> mr.ReplayStore:
 
 
 def real_atari_store(path: str) -> mr.ReplayStore | None:
-    base = os.path.join(os.path.dirname(ROOT), "shared", "data", "atari")
+    base = os.path.join(ROOT, "tests", "data", "atari")  # recorded by tools/record_atari.py
     games = [g for g in ("pong", "breakout", "seaquest", "mspacman") if os.path.exists(os.path.join(base, g + ".npz"))]
     if not games:
         return None
@@ -265,7 +265,7 @@ def main() -> None:
         f"An Atari-like store of {n:,} transitions (generated 84x84 uint8 frames, episodes of 100..3000 steps,",
         "stack 4, n-step 3) exported to an mmreplay zarr v3 dataset (zstd level 3, chunks of 32 frames in",
         "shards of 4,096) and to HDF5 in the D4RL layout (gzip level 1, chunks of 64 frames); the zarr export",
-        "imported back; the real Atari frames of `../shared/data/atari` exported the same way; one",
+        "imported back; the real Atari frames of `tests/data/atari` exported the same way; one",
         f"{n:,}-slot DQN-replay checkpoint generated in Dopamine's layout (gzip level {args.gzip_level}; Dopamine",
         "itself writes level 9, which inflates at about the same speed) imported. MB/s counts raw frame bytes",
         "(84 x 84 per frame); size and ratio are the output's (for the import: the checkpoint's gzip files).",

@@ -38,7 +38,7 @@ from _report import ROOT, write_section  # noqa: E402
 from peers.report import report  # noqa: E402
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "child.py")
-ATARI = os.path.join(os.path.dirname(ROOT), "shared", "data", "atari")
+ATARI = os.path.join(ROOT, "tests", "data", "atari")  # recorded by tools/record_atari.py
 FRAME = 84 * 84
 GB = 1e9
 
@@ -331,7 +331,7 @@ def make_workload(path: str, steps: int, frames: str) -> str:
     if frames == "atari" and os.path.isdir(ATARI):
         games = sorted(n for n in os.listdir(ATARI) if n.endswith(".npz"))
         pool = np.concatenate([np.load(os.path.join(ATARI, g))["frames"][:2048 // len(games)] for g in games])
-        source = "real Atari frames (" + ", ".join(g[:-4] for g in games) + ", from shared/data/atari)"
+        source = "real Atari frames (" + ", ".join(g[:-4] for g in games) + ", from tests/data/atari)"
     else:
         from mmreplay.bench import frame_pool
 
@@ -363,7 +363,7 @@ def main() -> None:
                          "batches (TorchRL; default 60)")
     ap.add_argument("--json", default=None, help="also write every measurement to this JSON file")
     ap.add_argument("--frames", choices=["atari", "synthetic"], default="atari",
-                    help="frame pool: real Atari frames from shared/data/atari (default) or generated ones")
+                    help="frame pool: real Atari frames from tests/data/atari (default) or generated ones")
     args = ap.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
     bad = [p for p in args.peers if p not in INSTALL]
