@@ -36,7 +36,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         out(f"n-step      {sch.n_step}, gamma {sch.gamma}")
         out(f"extras      {', '.join(f'{e.name} {e.shape} {e.dtype}' for e in sch.extras) or '-'}")
         out(f"envs        {sch.num_envs}")
-        out(f"prioritized {'-' if sch.prioritized is None else sch.prioritized.to_json()}")
+        out(f"prioritized {_prioritized(s)}")
         out(f"capacity    {sch.capacity:,} transitions; chunks of {sch.chunk_size:,} slots,"
             f" {len(doc['chunks'])} retained")
         out(f"ids         {lo:,}..{hi - 1:,} retained ({hi - lo:,}), {len(s):,} sampleable")
@@ -53,6 +53,15 @@ def cmd_info(args: argparse.Namespace) -> int:
             state = "present" if os.path.exists(os.path.join(snap["path"], "manifest.json")) else "gone"
             out(f"snapshot    {snap['path']} (generation {snap['generation']}, {state})")
     return 0
+
+
+def _prioritized(s: ReplayStore) -> str:
+    """The prioritized options with the committed beta (``store.beta`` is annealed and saved by commit)."""
+    p = s.schema.prioritized
+    if p is None:
+        return "- (uniform sampling)"
+    return (f"alpha {p.alpha:g}, beta {s.beta:g} (committed; {p.beta:g} at create), eps {p.eps:g};"
+            f" max priority {s.max_priority:.4g}")
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -82,7 +91,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     v = sub.add_parser("verify", parents=[common], help="check every file of a store or snapshot; exit 1 on problems")
     v.add_argument("path")
     v.set_defaults(func=cmd_verify)
-    b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity")
-    b.add_argument("--capacity", type=int, default=20_000)
+    b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity",
+                       description="Append, sample(32) and memory figures of the reference workload (84x84 uint8"
+                       " frames, stack 4, n-step 3, gamma 0.99, episodes of 100..3000 steps, batches of 32) at a"
+                       " small capacity. The full benchmarks are scripts in tools/ (see BENCHMARKS.md).")
+    b.add_argument("--capacity", type=int, default=20_000,
+                   help="store capacity in transitions (default: 20000); the store is filled to 1.1x it,"
+                        " about 71 MB of frames per 10,000 transitions, deleted afterwards")
     b.add_argument("--path", help="scratch directory (default: a temporary directory, removed afterwards)")
     b.set_defaults(func=cmd_bench)
