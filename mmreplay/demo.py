@@ -21,7 +21,7 @@ import numpy as np
 
 from . import __version__
 from .bench import disk_bytes, rss_anon_mb
-from .cli import out, progress
+from .cli import out, positive_int, progress
 from .datasets import export
 from .store import ReplayStore
 from .synthetic import atari_like_episodes
@@ -176,6 +176,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     d.add_argument("path", nargs="?", help="directory for the demo's files (default: a new temporary directory)")
     d.add_argument("--env", choices=ENVS, default="auto", help="auto: Atari with ale-py, CartPole with"
                    " gymnasium, else generated episodes")
-    d.add_argument("--steps", type=int, default=3000, help="environment steps to record (default: 3000)")
-    d.add_argument("--capacity", type=int, default=10_000, help="store capacity in transitions (default: 10000)")
+    d.add_argument("--steps", type=positive_int, default=3000, help="environment steps to record (default: 3000)")
+    d.add_argument("--capacity", type=positive_int, default=10_000, help="store capacity in transitions (default: 10000)")
     d.set_defaults(func=cmd_demo)

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
-from .cli import out
+from .cli import out, positive_int, require_store
 from .episodes import EpisodeTable
 from .store import ReplayStore
 
@@ -376,6 +376,7 @@ def _no_pillow(command: str, exc: ImportError) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    require_store(args.path)
     with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:  # a wrong path is reported first
         try:
             _pil()
@@ -395,6 +396,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    require_store(args.path)
     with ReplayStore.open(args.path, mode="r") as store:
         s = store_stats(store)
     for line in stats_text(s):
@@ -415,7 +417,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("path")
     s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
     s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: a sample)")
-    s.add_argument("--rows", type=int, default=4, help="rows to sample when --ids is not given (default: 4)")
+    s.add_argument("--rows", type=positive_int, default=4, help="rows to sample when --ids is not given (default: 4)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     s.set_defaults(func=cmd_show)
     t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"
