@@ -2,7 +2,8 @@
 
 Plain lists and dicts, one loop per thing, everything kept in RAM forever;
 "evicted" is only a label computed from the chunk-retirement rule. It follows
-DESIGN.md §2/§2b and notes/semantics_spec.md. Choices where those are silent:
+the semantics the README ("What a sampled row means") and FORMAT.md state. Choices where those are
+silent:
 
 - chunk_size=None means "one endless chunk": nothing is ever retired. The real
   store's None picks a size from the frame bytes, so pass the real store's

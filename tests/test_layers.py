@@ -1,5 +1,5 @@
 """The package's imports point one way: storage <- index <- log/reader/batch <- sampling <- store <- datasets
-<- integrations and command line (DESIGN.md §4). A module may import its own layer or lower ones only."""
+<- integrations and command line. A module may import its own layer or lower ones only."""
 
 from __future__ import annotations
 

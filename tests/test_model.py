@@ -316,7 +316,7 @@ def _pick(values, num_envs):
 @pytest.mark.parametrize("chunk_size, num_envs, stack, n_step, capacity",
                          [(6, 2, 3, 2, 10), (5, 1, 4, 3, 7), (9, 3, 2, 1, 12)])
 def test_capacity_guarantee_random_run(chunk_size, num_envs, stack, n_step, capacity):
-    # DESIGN §2: at least the `capacity` most recent transitions are sampleable when
+    # The capacity rule: at least the `capacity` most recent transitions are sampleable when
     # they satisfy the rule. The same random run goes into a store that never
     # evicts (chunk_size=None); among the recent ids, the two must agree.
     rng = random.Random(7)
