@@ -146,9 +146,10 @@ def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any])
             raise ValueError(f"create(): {path} is a file; give a new or empty directory")
         if os.listdir(path):
             if os.path.exists(os.path.join(path, "manifest.json")):
-                raise ValueError(f"create(): {path} already holds a store; continue it with"
-                                 f" ReplayStore.open({path!r}), or give a new directory")
-            raise ValueError(f"create(): {path} is not empty and is not a store; give a new or empty directory")
+                raise ValueError(f"create(): {path} already holds an mmreplay store; continue it with"
+                                 f" ReplayStore.open({path!r}), or give a new or empty directory")
+            raise ValueError(f"create(): {path} is not empty and not an mmreplay store; give a new or empty"
+                             " directory")
     body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
             "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state,
             "metadata": metadata}

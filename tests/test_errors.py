@@ -192,3 +192,17 @@ def test_second_writer_is_refused(tmp_path, store):
         mr.ReplayStore.open(tmp_path / "s", mode="r+")
     with mr.ReplayStore.open(tmp_path / "s", mode="r") as r:
         assert r.id_range == (0, 0)  # the reader sees the last commit (create's empty store)
+
+
+def test_create_on_a_plain_directory_says_it_is_not_a_store(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not an mmreplay store; give a new or empty directory") as info:
+        mr.ReplayStore.create(tmp_path, capacity=10, obs_shape=(2,))
+    assert "ReplayStore.open" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing was added
+
+
+def test_create_on_a_store_points_to_open(tmp_path):
+    mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,)).close()
+    with pytest.raises(ValueError, match=r"already holds an mmreplay store; continue it with ReplayStore.open"):
+        mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,))
