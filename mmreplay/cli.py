@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import __version__
 from .errors import MMReplayError, NotAStoreError
+from .version import __version__
 
 # Modules that add subcommands: each has ``register(subparsers, common_parent_parser)``.
 COMMAND_MODULES = ("mmreplay.demo", "mmreplay.cli_store", "mmreplay.datasets.cli", "mmreplay.viz")

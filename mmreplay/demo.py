@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
 from .bench import disk_bytes, rss_anon_mb
 from .cli import out, positive_int, progress
 from .datasets import export
 from .store import ReplayStore
 from .synthetic import atari_like_episodes
+from .version import __version__
 
 ENVS = ("auto", "atari", "cartpole", "synthetic")
 MIN_STEPS = 100  # enough for sample(32) of 3-step transitions

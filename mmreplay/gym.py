@@ -29,7 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("mmreplay.gym needs gymnasium: pip install 'mmreplay[gym]'") from exc
 
-from .datasets.minari_format import space_json
+from .spaces import space_json
 from .store import ReplayStore
 
 __all__ = ["store_from_env", "RecordToStore", "RecordVectorToStore", "make_atari", "AtariFrames",
