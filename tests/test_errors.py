@@ -51,7 +51,7 @@ def _same(a, b):
     (lambda s: s.step(0, 1.0, _frame(), False, False, lp=np.zeros(3)), ValueError, ["lp", "()", "(3,)"]),
     (lambda s: s.reset(np.zeros((3, 4, 4), np.uint8)), ValueError, ["obs", "(4, 4)"]),
     (lambda s: s.gather([999]), mr.NotSampleableError, ["999", "never issued"]),
-    (lambda s: s.gather([-1]), mr.NotSampleableError, ["-1", "evicted"]),
+    (lambda s: s.gather([-1]), mr.NotSampleableError, ["-1", "not a transition id"]),
     (lambda s: s.gather([9]), mr.NotSampleableError, ["9", "not sampleable"]),
     (lambda s: s.gather([[1, 2]]), ValueError, ["1-D"]),
     (lambda s: s.gather([1.5]), TypeError, ["integer"]),
