@@ -69,6 +69,31 @@ class _RingEvents:
             store._reader.frames = store._parts.log.ring.arrays["obs"]
 
 
+class _Held:
+    """What an open store holds outside Python's memory (mappings, threads, the lock): released by
+    ``close()``, or when the store is dropped without it (then nothing is committed, as after a crash)."""
+
+    def __init__(self) -> None:
+        self.log: ChunkLog | None = None
+        self.reader: FrameReader | None = None
+        self.drawer: Drawer | None = None
+        self.lock_fd: int | None = None
+
+    def release(self) -> None:
+        try:
+            if self.drawer is not None:
+                self.drawer.close()
+            if self.reader is not None:
+                self.reader.close()
+            if self.log is not None:
+                self.log.close()
+        finally:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+            self.log = self.reader = self.drawer = None
+            self.lock_fd = None
+
+
 class ReplayStore:
     """A disk-backed replay store. Build one with ``create``, ``open``, ``load`` (or ``from_env``).
 
@@ -87,7 +112,6 @@ class ReplayStore:
         self._path = path
         self._schema = schema
         self._mode = mode
-        self._lock_fd = lock_fd
         self._closed = False
         self._inputs = _inputs.Inputs(schema)
         self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
@@ -97,8 +121,16 @@ class ReplayStore:
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
         self._drawer = Drawer(manifest, seed)
+        self._held = _Held()
+        self._held.drawer, self._held.lock_fd = self._drawer, lock_fd
+        self._release = weakref.finalize(self, self._held.release)
         self._writer: EpisodeWriter | None = None
-        self._attach(manifest)
+        try:
+            self._attach(manifest)
+        except BaseException:
+            self._held.lock_fd = None  # open() closes it
+            self._release()
+            raise
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
@@ -119,6 +151,7 @@ class ReplayStore:
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead)
+        self._held.log, self._held.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
 
@@ -316,7 +349,7 @@ class ReplayStore:
         ``batch_size`` transitions with ``replace=False``.
         """
         self._check_open()
-        d = self._draw(_inputs.batch_size_arg(batch_size), bool(replace), beta)
+        d = self._draw(_inputs.batch_size_arg(batch_size, self._inputs.row_bytes), bool(replace), beta)
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
@@ -329,7 +362,7 @@ class ReplayStore:
         batches that had been drawn but not handed out, then continues as the saved run would have.
         """
         self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         if beta is not None:
@@ -392,6 +425,7 @@ class ReplayStore:
         self._check_open()
         ids = _inputs.ids_array(index).copy()
         n = _inputs.length_arg(length)
+        _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
         self._sync()
         idx = self._parts.log.index
         idx.check_ids(ids)
@@ -402,6 +436,7 @@ class ReplayStore:
                        beta: Any) -> tuple[int, int, bool, float | None]:
         b = _inputs.batch_size_arg(batch_size)
         n = _inputs.length_arg(length)
+        _inputs.sequences_fit(b, n, self._schema.stack * self._schema.frame_bytes)
         if not isinstance(strict, (bool, np.bool_)):
             raise TypeError(f"strict: expected True or False, got {strict!r}")
         if beta is not None:
@@ -638,12 +673,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
-            self._drawer.close()
-            self._reader.close()
-            self._parts.log.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release()
 
     def __enter__(self) -> ReplayStore:
         return self
@@ -685,12 +715,12 @@ def _after_fork_in_child() -> None:
     read-only in the child: sampling from the inherited mappings still works.
     """
     for store in list(_WRITERS):
-        if store._lock_fd is not None:
+        if store._held.lock_fd is not None:
             try:
-                os.close(store._lock_fd)
+                os.close(store._held.lock_fd)
             except OSError:
                 pass
-            store._lock_fd = None
+            store._held.lock_fd = None
         store._durable.failed = ReadOnlyStoreError(
             "this store was opened for writing in the parent process; open it in the child with mode='r'")
 
