@@ -58,7 +58,8 @@ class Drawer:
         """
         before = dict(self.rng.bit_generator.state)
         if strict:
-            got = sampler.draw_where(self.rng, batch_size, lambda slots: index.sequence_fits(slots, length), beta)
+            got = sampler.draw_where(self.rng, batch_size, lambda slots: index.sequence_fits(slots, length), beta,
+                                     lambda: index.fitting_starts(length))
             if got is None:
                 self.rng.bit_generator.state = before
                 raise NotSampleableError(

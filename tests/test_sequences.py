@@ -117,7 +117,7 @@ def drive(pair: Pair, cfg: dict, events: list[list[int]], resets: list[bool], ev
     check()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs(), data=st.data())
 def test_sequences_match_the_model(tmp_path_factory, cfg, data):
     steps = data.draw(st.integers(1, 80))
@@ -128,6 +128,32 @@ def test_sequences_match_the_model(tmp_path_factory, cfg, data):
     pair = make_pair(str(tmp_path_factory.mktemp("seq") / "s"), **cfg)
     rng = np.random.default_rng(steps)
     drive(pair, cfg, events, resets, data.draw(st.integers(4, 25)), lambda: check_sequences(pair, lengths, rng))
+    pair.store.close()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cfg=configs(), data=st.data())
+def test_the_index_keeps_the_fitting_starts_up_to_date(tmp_path_factory, cfg, data):
+    """The starts strict draws fall back to, kept incrementally by the index (a part's method, called here
+    directly), are after every step exactly the model's sampleable starts with `length` steps (ids that
+    stopped being sampleable may linger: draws check them), and never an evicted id."""
+    steps = data.draw(st.integers(1, 60))
+    n = cfg["num_envs"]
+    events = data.draw(st.lists(st.lists(EVENTS, min_size=n, max_size=n), min_size=steps, max_size=steps))
+    resets = data.draw(st.lists(st.sampled_from([False] * 20 + [True]), min_size=steps, max_size=steps))
+    length = data.draw(st.integers(1, 8))
+    pair = make_pair(str(tmp_path_factory.mktemp("fits") / "s"), **cfg)
+
+    def check() -> None:
+        pair.store.sampleable_ids()  # syncs the index, as a draw does
+        index = pair.store._parts.log.index
+        got = index.fitting_starts(length)
+        assert got.size == np.unique(got).size and (got >= pair.model.oldest_id).all()
+        sampleable = set(pair.model.sampleable_ids())
+        want = {i for i in sampleable if pair.model.sequence_fits(i, length)}
+        assert {int(i) for i in got} & sampleable == want
+
+    drive(pair, cfg, events, resets, 1, check)
     pair.store.close()
 
 
@@ -205,6 +231,12 @@ def test_arguments_are_checked(tmp_path):
         s.sequence_batches(2, 3, prefetch=-1)
     with pytest.raises(mr.NotSampleableError, match="never issued"):
         s.gather_sequences([5], 3)
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        s.sample_sequences(2, 10**12)  # refused before anything is drawn or allocated
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        s.gather_sequences([0], 10**12)
+    empty = s.gather_sequences(np.empty(0, np.int64), 3)
+    assert empty.obs.shape == (0, 4, 1, 1) and empty.ids.shape == (0, 3)
     rng_before = s.inspect()["rng"]
     with pytest.raises(mr.NotSampleableError, match="2 steps"):
         s.sample_sequences(2, 2, strict=True)

@@ -7,7 +7,9 @@ to the accepted set, exactly. Each proposal costs O(1) plus the test, so while a
 fair share of the draws is accepted the cost is O(batch) whatever the store's size.
 The number of proposals is bounded: when a draw still lacks rows after
 ``budget(batch_size)`` proposals (fewer than ~1 in 30 accepted), the sampler falls
-back to one pass over the sampleable set, which also proves an empty set empty.
+back to drawing among a *pool* that holds every transition the test accepts (for
+strict sequences the index keeps it up to date incrementally), or without one, to one
+pass over the sampleable set; either also proves an empty set empty.
 """
 
 from __future__ import annotations
@@ -16,10 +18,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["Accept", "budget", "propose_and_accept"]
+__all__ = ["Accept", "Pool", "budget", "propose_and_accept"]
 
 Accept = Callable[[np.ndarray], np.ndarray]
 """A vectorized test of sampleable transition slots (int64 array) -> bool mask of the same shape."""
+
+Pool = Callable[[], np.ndarray]
+"""Transition ids among which are all the sampleable ones that pass the test (a superset, maintained by
+the caller so the fallback need not examine the whole sampleable set)."""
 
 PROPOSALS_PER_ROW = 32
 MIN_PROPOSALS = 1024
