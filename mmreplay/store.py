@@ -394,8 +394,9 @@ class ReplayStore:
         stops at its episode's end or the newest step of its episode (the rest is masked, zeros).
         ``strict=True`` draws only starts with ``length`` steps in their episode (nothing masked;
         independent draws in proportion to priority in prioritized stores). Cost O(batch x length),
-        whatever the capacity. Raises ``NotSampleableError`` when nothing is sampleable or, strict, no
-        start has ``length`` steps (the RNG is then left as it was).
+        whatever the capacity (a strict draw whose starts rarely fit also makes one pass over the index the
+        first time, see SEMANTICS.md). Raises ``NotSampleableError`` when nothing is sampleable or, strict,
+        no start has ``length`` steps (the RNG is then left as it was).
         """
         self._check_open()
         b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
