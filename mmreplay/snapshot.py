@@ -22,6 +22,7 @@ from .checkpoint import priority_files
 from .errors import NotAStoreError, StoreNotFoundError
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_file, chunk_of_file
+from .storage.validate import check_dirs, check_files
 
 SNAPSHOT_KEY = "snapshot_of"
 
@@ -59,6 +60,7 @@ def existing_generation(snapshot_dir: str) -> int:
         return 0
     if not os.path.isdir(snapshot_dir):
         raise NotAStoreError(f"save(): {snapshot_dir} is a file; give a new directory or an earlier snapshot")
+    check_dirs(snapshot_dir)  # files are written and deleted under chunks/ and state/: never through a link
     if not os.path.exists(os.path.join(snapshot_dir, MANIFEST)):
         entries = set(os.listdir(snapshot_dir)) - {"chunks", "state"}
         if entries:
@@ -117,6 +119,7 @@ def read_snapshot(snapshot_dir: str) -> dict[str, Any]:
     doc = read_manifest(snapshot_dir, what="snapshot")
     if SNAPSHOT_KEY not in doc:
         raise NotAStoreError(f"{snapshot_dir}: a store, not a snapshot; open it with ReplayStore.open()")
+    check_files(snapshot_dir, doc)
     return doc
 
 

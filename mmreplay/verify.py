@@ -21,12 +21,14 @@ from .options import Schema
 from .storage import npyfile
 from .storage.manifest import read_manifest
 from .storage.ring import chunk_file, columns_for, crc32_file_data
+from .storage.validate import check_files
 
 
 def verify_store(path: str) -> list[str]:
     """Return the problems found in the store or snapshot at ``path`` (an empty list: all good)."""
     try:
         doc = read_manifest(path)
+        check_files(path, doc)
     except (MMReplayError, OSError) as exc:
         return [str(exc)]
     mpath = os.path.join(path, "manifest.json")

@@ -7,10 +7,21 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
+import numpy as np
 import pytest
+from hostile import fill, forge, read_doc
+
+import mmreplay as mr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def store(tmp_path):
+    fill(tmp_path / "a").close()
+    return str(tmp_path / "a")
 
 
 def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30) -> subprocess.CompletedProcess:
@@ -51,3 +62,26 @@ def test_resource_bombs_at_create_are_refused_at_once(tmp_path, kw, words):
     for w in words:
         assert w in r.stdout, (w, r.stdout)
     assert r.stdout.split()[-1] == "ABSENT"
+
+
+def test_ring_positions_bomb_in_a_manifest(tmp_path, store):
+    forge(store, lambda d: d.update(ring_positions=10**12))
+    t = time.perf_counter()
+    with pytest.raises(mr.CorruptStoreError, match="ring_positions"):
+        mr.ReplayStore.open(store, mode="r")
+    assert time.perf_counter() - t < 0.5
+
+
+def test_state_file_header_declaring_terabytes(tmp_path, store):
+    """numpy.load allocates what a header declares: a 100-byte state file asked for 14 TiB."""
+    rel = read_doc(store)["priorities"]["file"]
+    path = os.path.join(store, rel)
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f8", "fortran_order": False, "shape": (2, 10**12)})
+        f.write(b"\0" * 64)
+    for call in (lambda: mr.ReplayStore.open(store, mode="r"), lambda: mr.ReplayStore.open(store, mode="r+")):
+        with pytest.raises(mr.CorruptStoreError, match="declares"):
+            call()
+    assert "declares" in mr.verify_store(store)[0]
+
+

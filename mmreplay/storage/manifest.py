@@ -3,7 +3,8 @@
 Writing: temp file in the same directory, fsync, ``os.replace``, fsync the
 directory. Reading checks the format name, the version and a CRC-32 over the
 canonical JSON of the body, so a torn, truncated or foreign file is an error
-that names the file, never a silently different store.
+that names the file, never a silently different store; then every field
+(``validate.check_body``), since a forged manifest's CRC can be recomputed.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import zlib
 from typing import Any
 
 from ..errors import CorruptStoreError, FormatVersionError, NotAStoreError, StoreNotFoundError
+from .validate import check_body
 
 FORMAT_NAME = "mmreplay-store"
 FORMAT_VERSION = 1
@@ -62,7 +64,10 @@ def _readable(doc: dict[str, Any]) -> bytes:
 
 
 def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> dict[str, Any]:
-    """Read and check a manifest. Raises StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError."""
+    """Read and check a manifest: its checksum, then every field (names that become paths, types, ranges).
+
+    Raises StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+    """
     if not os.path.isdir(directory):
         if os.path.exists(directory):
             raise NotAStoreError(f"{directory}: is a file, not an mmreplay {what} directory")
@@ -90,4 +95,5 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
     checksum = doc.pop("checksum", None)
     if checksum != zlib.crc32(_canonical(doc)):
         raise CorruptStoreError(f"{path}: manifest checksum mismatch; the file was modified or damaged")
+    check_body(doc, path)
     return doc
