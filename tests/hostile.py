@@ -7,7 +7,9 @@ import contextlib
 import hashlib
 import json
 import os
+import subprocess
 import sys
+import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ import mmreplay as mr
 from mmreplay.storage.manifest import write_manifest
 
 PRIO = mr.Prioritized(alpha=0.6, beta=0.4)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # audit events whose arguments start with the path(s) they touch
 _PATH_EVENTS = {
@@ -108,3 +111,18 @@ def fill(path: str | os.PathLike[str], steps: int = 70, prio: Any = PRIO) -> mr.
         s.update_priorities(s.sampleable_ids()[:5], np.full(5, 3.0))
     s.commit()
     return s
+
+
+# Peak RSS of this process (VmHWM): ru_maxrss would include the parent's at fork, kept across exec on Linux.
+PEAK = ("def peak_kib():\n"
+        "    return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:'))\n")
+
+
+def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with this tree first on the path and its address space capped,
+    so a regression fails the test (MemoryError, timeout) instead of the machine. ``peak_kib()`` in the
+    code gives the interpreter's peak resident memory."""
+    prelude = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}));"
+               f" sys.path.insert(0, {REPO!r})\n{PEAK}")
+    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=timeout)

@@ -4,33 +4,19 @@ allocated, at once, with an error that names the parameter and the bound."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
-from hostile import fill, forge, read_doc
+from hostile import fill, forge, read_doc, run_limited
 
 import mmreplay as mr
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
 def store(tmp_path):
     fill(tmp_path / "a").close()
     return str(tmp_path / "a")
-
-
-def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter with this tree first on the path and its address space capped,
-    so a regression fails the test (MemoryError, timeout) instead of the machine."""
-    prelude = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}));"
-               f" sys.path.insert(0, {REPO!r})\n")
-    return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 @pytest.mark.parametrize("kw,words", [
