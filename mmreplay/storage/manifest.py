@@ -83,6 +83,9 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptStoreError(f"{path}: manifest is not valid JSON ({exc}); the file is damaged or truncated") from None
+    except RecursionError:
+        raise CorruptStoreError(f"{path}: manifest nests values too deeply to be a manifest; the file is damaged"
+                                " or forged") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise NotAStoreError(f"{path}: not an mmreplay manifest (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     version = doc.get("format_version")
@@ -93,7 +96,12 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
             f"{path}: written by format version {version}, this mmreplay reads up to {FORMAT_VERSION};"
             " upgrade mmreplay to open it")
     checksum = doc.pop("checksum", None)
-    if checksum != zlib.crc32(_canonical(doc)):
+    try:
+        canonical = _canonical(doc)
+    except (ValueError, RecursionError):  # nesting deep enough for the encoder's limit, NaN keys, ...
+        raise CorruptStoreError(f"{path}: manifest cannot be re-encoded to check its checksum; the file is"
+                                " damaged or forged") from None
+    if checksum != zlib.crc32(canonical):
         raise CorruptStoreError(f"{path}: manifest checksum mismatch; the file was modified or damaged")
     check_body(doc, path)
     return doc

@@ -18,7 +18,8 @@ or a state is checked here, and anything that is not what this mmreplay writes i
 ``check_body`` needs only the manifest (``read_manifest`` calls it on every read).
 ``check_files`` also looks at the directory: ``chunks/`` and ``state/`` must be real directories
 and every file the manifest names a regular file (not a symbolic link that could point outside),
-and a state file's header must declare no more data than the file holds.
+a state file's header must declare exactly the data the file holds, and priorities state files
+must hold what the format says (``load_priority_table``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import math
 import os
 import re
 import stat
+import warnings
 from typing import Any, NoReturn
 
 import numpy as np
@@ -34,8 +36,8 @@ import numpy as np
 from ..errors import CorruptStoreError
 from ..options import Schema, planned_positions, validate_ring
 
-__all__ = ["check_body", "check_files", "check_chunk_name", "check_state_name", "check_rng", "CHUNK_NAME",
-           "STATE_FILE"]
+__all__ = ["check_body", "check_files", "check_dirs", "check_chunk_name", "check_state_name", "check_rng",
+           "load_priority_table", "CHUNK_NAME", "STATE_FILE"]
 
 CHUNK_NAME = re.compile(r"(\d{12,18})(?:g(\d{6,18}))?")
 STATE_FILE = re.compile(r"state/([a-z][a-z0-9_-]{0,63})\.(\d{12,18})\.npy")
@@ -136,8 +138,8 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
     raw_schema = f.dict_("schema", doc.get("schema"))
     try:
         schema = Schema.from_json(raw_schema)
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise CorruptStoreError(f"{where}: unusable schema ({exc}); {_FORGED}") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
+        raise CorruptStoreError(f"{where}: unusable schema ({type(exc).__name__}: {exc}); {_FORGED}") from None
     rows = f.int_("rows", doc.get("rows"))
     next_id = f.int_("next_id", doc.get("next_id"))
     chunks = f.list_("chunks", doc.get("chunks"))
@@ -213,7 +215,7 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: int, next
 def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int) -> None:
     if pending is None:
         return
-    p = f.dict_("pending_draws", pending, ("ids", "rng_after"))
+    p = f.dict_("pending_draws", pending, ("ids", "weights", "rng_after"))
     batches = f.list_("pending_draws.ids", p["ids"], 4096)
     size: int | None = None
     for i, ids in enumerate(batches):
@@ -234,7 +236,7 @@ def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int) -> No
             if len(w) != size:
                 f.fail(f"pending_draws.weights[{i}]", w, f"{size} weights (one per id)")
             for v in w:
-                f.real(f"pending_draws.weights[{i}]", v)
+                f.real(f"pending_draws.weights[{i}]", v, 0.0, 1.0)  # importance weights are normalised to <= 1
     check_rng(p["rng_after"], "pending_draws.rng_after", f.where)
 
 
@@ -292,18 +294,48 @@ def check_files(root: str, doc: dict[str, Any], schema: Schema | None = None) ->
         for col in columns:
             _regular_or_absent(os.path.join(root, "chunks", f"{c['name']}.{col}.npy"), "chunk file")
     prio = doc.get("priorities")
-    for rel in [prio["file"], *prio.get("deltas", [])] if prio else []:
+    for i, rel in enumerate([prio["file"], *prio.get("deltas", [])] if prio else []):
         path = os.path.join(root, rel)
         st = _regular_or_absent(path, "state file")
         if st is not None:
             check_npy_size(path, st.st_size)
+            if schema.prioritized is not None:
+                load_priority_table(path, 2 if i == 0 else 3)
+
+
+def load_priority_table(path: str, rows: int) -> np.ndarray:
+    """A priorities state file (FORMAT.md, "State files"), checked: float64 ``(rows, n)`` (2 rows for the
+    full file, 3 for a delta whose first row holds transition ids), raw priorities and masses finite and
+    >= 0 or both NaN (not sampleable), ids whole numbers >= 0. Raises CorruptStoreError naming the file."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
+    except Exception as exc:  # a damaged header or body: numpy raises ValueError, OSError, EOFError, ...
+        raise CorruptStoreError(f"{path}: unreadable state file ({type(exc).__name__}: {exc})") from None
+    if arr.dtype != np.float64 or arr.ndim != 2 or arr.shape[0] != rows:
+        raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected float64[{rows}, n]")
+    values = arr[rows - 2:]
+    nan = np.isnan(values)
+    if (nan[0] != nan[1]).any() or (values[~nan] < 0).any() or np.isinf(values).any():
+        raise CorruptStoreError(f"{path}: priorities and masses must be finite and >= 0 (or both NaN for a"
+                                " transition that is not sampleable); the file is damaged")
+    if rows == 3:
+        ids = arr[0]
+        if not (np.isfinite(ids).all() and (ids >= 0).all() and (ids < MAX_ID).all() and (ids == np.floor(ids)).all()):
+            raise CorruptStoreError(f"{path}: the first row must hold transition ids (whole numbers >= 0); the file"
+                                    " is damaged")
+    return arr
 
 
 def check_npy_size(path: str, size: int) -> None:
     """A state file's header must declare a plain numeric array of exactly the bytes that follow it
     (``numpy.load`` would otherwise allocate whatever the header declares)."""
     try:
-        with open(path, "rb") as fh:
+        with open(path, "rb") as fh, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. numpy's "created on Python 2" for a damaged header
             version = np.lib.format.read_magic(fh)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
@@ -312,8 +344,8 @@ def check_npy_size(path: str, size: int) -> None:
             else:
                 raise ValueError(f"unsupported .npy version {version}")
             offset = fh.tell()
-    except (ValueError, OSError, EOFError, SyntaxError) as exc:
-        raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
+    except Exception as exc:  # numpy's header parser raises ValueError, SyntaxError, tokenize errors, ...
+        raise CorruptStoreError(f"{path}: unreadable state file ({type(exc).__name__}: {exc})") from None
     if dtype.hasobject or dtype.kind not in "biuf":
         raise CorruptStoreError(f"{path}: state file holds {dtype}, expected numbers (state files are never"
                                 " pickled)")
