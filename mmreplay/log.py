@@ -232,7 +232,7 @@ class ChunkLog:
     def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool) -> ChunkLog:
         """Map the committed chunks and rebuild the index from their flags column."""
         mpath = os.path.join(root, "manifest.json")
-        check_files(root, body, schema)  # plain files only, state file headers match their sizes
+        check_files(root, body, schema)  # plain files only, no links; state files as FORMAT.md says
         try:
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
                                 bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]
