@@ -51,7 +51,9 @@ class Drawer:
         """A prefetching iterator. The first one after a resume first hands out the batches the committed
         run had drawn but not handed out (if they have this batch size), then continues from there."""
         pending: list[Draw] = []
-        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws):
+        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws) and \
+                index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all():
+            # (a manifest naming ids that are not sampleable is not handed out: draw afresh from ``rng``)
             pending = self._resume_draws
             self.rng.bit_generator.state = self._resume_rng
         self._resume_draws = []
