@@ -81,14 +81,18 @@ class Drawer:
         pending: list[Draw] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
-            pending = self._resume_draws
-            self.rng.bit_generator.state = self._resume_rng
+            # (a manifest naming ids that are not sampleable is not handed out: draw afresh from ``rng``)
+            try:
+                for d in self._resume_draws:
+                    slots = index.slots_of(d.ids)
+                    d.plan = index.sequence_plan(slots, d.length, d.head) if d.length else index.plan(slots)
+                pending = self._resume_draws
+                self.rng.bit_generator.state = self._resume_rng
+            except ValueError:  # a head that cannot hold its starts (a forged manifest): draw afresh too
+                pending = []
         self._resume_draws = []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        for d in pending:
-            slots = index.slots_of(d.ids)
-            d.plan = index.sequence_plan(slots, d.length, d.head) if d.length else index.plan(slots)
         it = BatchIterator(draw, assemble, self._pool, prefetch, pending)
         self._iterators.add(it)
         return it

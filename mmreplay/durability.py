@@ -146,7 +146,7 @@ class Durability:
         self.snapshots = [s for s in self.snapshots if s["path"] != target][-15:]
         self.snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
         if keep is not None:
-            snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
+            snapshot.prune_siblings(target, keep)
         return target
 
 

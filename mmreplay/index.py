@@ -267,6 +267,8 @@ class Index:
         head = self.rows if head is None else head
         if not self.oldest_row < head <= self.rows:
             raise ValueError(f"head: expected a row count in ({self.oldest_row}, {self.rows}], got {head}")
+        if slots.size and int(self.geo.rows_of(slots, self.seq_of_pos)[1].max()) >= head:
+            raise ValueError(f"head: {head} rows cannot hold these starts (a start must be written before it)")
         return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, self.seq_of_pos, slots,
                              length, head)
 
@@ -339,10 +341,12 @@ class Index:
         if self.rows == self._synced_rows:
             return _EMPTY  # nothing was written: no window can have closed
         self._synced_rows = self.rows
+        # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
+        block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
         while True:
             starts = np.maximum(self.checked, self.oldest_row)
-            stops = np.minimum(starts + self.BLOCK, self.rows)
+            stops = np.minimum(starts + block, self.rows)
             if int((stops - starts).sum()) <= 0:
                 self.checked[:] = starts
                 break

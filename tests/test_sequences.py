@@ -506,3 +506,38 @@ def test_the_readme_recurrent_state_recipe_runs(tmp_path, monkeypatch):
     assert seq.obs.shape == (32, 81, 1, 8) and seq.extras["h"].shape == (32, 80, 512)
     # the stored state of a start is the one its step was written with: zeros at an episode's first step
     assert not seq.extras["h"][:, 0][seq.is_first[:, 0]].any()
+
+
+@pytest.mark.parametrize("change,words", [
+    (lambda seq: seq.update(length=0), "length"),
+    (lambda seq: seq.update(strict="yes"), "strict"),
+    (lambda seq: seq.update(heads=seq["heads"][:-1]), "heads"),
+    (lambda seq: seq.update(heads=[10**9] * len(seq["heads"])), "heads"),
+])
+def test_forged_pending_sequences_are_a_corrupt_store(tmp_path, change, words):
+    from hostile import forge, read_doc
+
+    s, _ = running_store(tmp_path / "s")
+    it = s.sequence_batches(4, 10, prefetch=2)
+    next(it)
+    s.commit()
+    s.close(commit=False)
+    assert read_doc(tmp_path / "s")["pending_draws"]["sequences"]["length"] == 10  # what the writer writes
+    forge(tmp_path / "s", lambda d: change(d["pending_draws"]["sequences"]))
+    with pytest.raises(mr.CorruptStoreError, match=words):
+        mr.ReplayStore.open(tmp_path / "s", mode="r")
+
+
+def test_a_pending_head_before_its_starts_is_drawn_afresh(tmp_path):
+    from hostile import forge
+
+    s, _ = running_store(tmp_path / "s")
+    it = s.sequence_batches(4, 10, prefetch=2)
+    next(it)
+    s.commit()
+    s.close(commit=False)
+    forge(tmp_path / "s", lambda d: d["pending_draws"]["sequences"].update(
+        heads=[1] * len(d["pending_draws"]["sequences"]["heads"])))
+    with mr.ReplayStore.open(tmp_path / "s", mode="r") as a, mr.ReplayStore.open(tmp_path / "s", mode="r") as b:
+        got = next(a.sequence_batches(4, 10, prefetch=0))  # not the forged pending draws: afresh from `rng`
+        same_sequences(got, b.sample_sequences(4, 10))
