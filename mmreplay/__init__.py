@@ -20,11 +20,11 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized
+from .sequence_batch import SequenceBatch, sequence_priority
 from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "Batch",
@@ -40,6 +40,7 @@ __all__ = [
     "Prioritized",
     "ReadOnlyStoreError",
     "ReplayStore",
+    "SequenceBatch",
     "prune_snapshots",
     "verify_store",
     "StoreClosedError",
@@ -49,4 +50,5 @@ __all__ = [
     "__version__",
     "export",
     "import_dataset",
+    "sequence_priority",
 ]

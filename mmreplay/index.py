@@ -21,12 +21,24 @@ from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
 from .plan import Plan, RowMath
+from .sequences import SequencePlan, sequence_fits, sequence_plan
 
 __all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
            "LOST", "DISK_FLAGS"]
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
+
+
+class _Fits:
+    """``Index.fitting_starts``' state: per stream the sorted ids that fitted when its rows were ``head``,
+    and its first row whose validity was undecided then."""
+
+    def __init__(self, length: int, per_stream: list[np.ndarray], head: np.ndarray, undecided: np.ndarray) -> None:
+        self.length = length
+        self.per_stream = per_stream
+        self.head = head
+        self.undecided = undecided
 
 
 class Index:
@@ -62,6 +74,7 @@ class Index:
         # Per stream, the state of its last frame once that frame was retired (ended, epos, lost):
         # a stream idle for a whole capacity must still continue its episode correctly.
         self._tail = np.zeros((n_env, 3), np.int64)
+        self._fits: _Fits | None = None  # fitting_starts() of the last length asked
 
     @property
     def seq_of_pos(self) -> np.ndarray:
@@ -288,7 +301,9 @@ class Index:
             return
         bad = int(np.flatnonzero(~ok)[0])
         i = int(ids[bad])
-        if i < self.oldest_id:
+        if i < 0:
+            why = "is not a transition id (ids are >= 0)"
+        elif i < self.oldest_id:
             why = f"was evicted (oldest retained id is {self.oldest_id})"
         elif i >= self.next_id:
             why = f"was never issued (next id is {self.next_id})"
@@ -300,6 +315,58 @@ class Index:
     def plan(self, slots: np.ndarray) -> Plan:
         """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
         return self.math.plan(self.flags, self.epos, self.geo, slots, self.oldest_row, self.rows, self.has_missing)
+
+    def sequence_plan(self, slots: np.ndarray, length: int, head: np.ndarray | None = None) -> SequencePlan:
+        """The row arithmetic of sequences of ``length`` steps from valid transition slots ``slots``, as they
+        were when each stream had written ``head`` rows (default: now; see ``sequences.sequence_plan``)."""
+        head = self.rows.copy() if head is None else np.broadcast_to(np.asarray(head, np.int64), self.rows.shape)
+        if head.shape != self.rows.shape or (head > self.rows).any() or (head < self.oldest_row).any():
+            raise ValueError(f"head: expected a row count per stream in [{self.oldest_row.tolist()},"
+                             f" {self.rows.tolist()}], got {head.tolist()}")
+        if slots.size:
+            s, rho = self.geo.rows_of(slots)
+            if (rho >= head[s]).any():
+                raise ValueError(f"head: {head.tolist()} rows cannot hold these starts (a start must be written"
+                                 " before it)")
+        return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, slots, length, head)
+
+    def sequence_fits(self, slots: np.ndarray, length: int) -> np.ndarray:
+        """Which valid transition slots start ``length`` steps of their episode, written now (bool mask)."""
+        return sequence_fits(self.epos, self.geo, slots, length, self.rows)
+
+    def fitting_starts(self, length: int) -> np.ndarray:
+        """Ids of the sampleable transitions that start ``length`` steps of their episode (strict sequences).
+
+        Kept up to date incrementally for the last ``length`` asked: the first call is one pass over the
+        sampleable set; later ones re-examine only the rows whose answer can have changed since (written
+        since, or within ``length`` rows of the head then, or undecided then): O(streams x (rows written
+        since + length + n_step)). Ids that stopped being sampleable after they entered (their stack history
+        went with a retired chunk) may remain: callers check what they draw. Evicted ids never remain.
+        """
+        c = self._fits
+        streams = np.arange(self.geo.num_envs, dtype=np.int64)
+        if c is None or c.length != length:
+            ids = self.valid_ids()
+            ids = ids[self.sequence_fits(self.slots_of(ids), length)]
+            per = [ids[self.geo.rows_of(self.slots_of(ids))[0] == s] for s in streams]
+        else:
+            per = c.per_stream
+            cuts = np.maximum(np.minimum(c.head - length + 1, c.undecided), self.oldest_row)
+            for s in streams.tolist():
+                cut, rows = int(cuts[s]), int(self.rows[s])
+                if rows <= cut:
+                    continue
+                rid = self.slot_id[self.geo.slots(s, np.arange(cut, rows, dtype=np.int64))]  # ids grow with the row
+                new = rid[rid >= 0]
+                if not new.size:
+                    continue
+                old = per[s]
+                old = old[(old >= self.oldest_id) & (old < new[0])]  # entries of rows before the cut
+                sl = self.slots_of(new)
+                per[s] = np.concatenate([old, new[self.valid[sl] & self.sequence_fits(sl, length)]])
+            per = [a[a >= self.oldest_id] for a in per]
+        self._fits = _Fits(length, per, self.rows.copy(), np.maximum(self.checked, self.oldest_row))
+        return np.concatenate(per)
 
     def latest_stacks(self) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``(num_envs, k)`` of every stream's newest stacked state and its zero-padding mask.
@@ -336,10 +403,12 @@ class Index:
         if self.written == self._synced:
             return _EMPTY  # nothing was written: no window can have closed
         self._synced = self.written
+        # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
+        block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
         while True:
             starts = np.maximum(self.checked, self.oldest_row)
-            stops = np.maximum(np.minimum(starts + self.BLOCK, self.rows), starts)
+            stops = np.maximum(np.minimum(starts + block, self.rows), starts)
             if int((stops - starts).sum()) <= 0:
                 self.checked[:] = starts
                 break

@@ -32,6 +32,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from .options import extent_rows
+
+__all__ = ["Geometry", "extent_rows", "home_extents", "stream_offsets", "START", "TERMINATED", "TRUNCATED",
+           "MISSING", "HEAD_LOST", "DISK_FLAGS", "END", "LOST"]
+
 # Flag bits stored in the ``flags`` column (FORMAT.md).
 START = 1  # the frame is an episode's first observation; no transition ends here
 TERMINATED = 2  # the transition ending here terminated the episode
@@ -43,16 +48,7 @@ DISK_FLAGS = START | TERMINATED | TRUNCATED | MISSING | HEAD_LOST
 END = 32  # the frame is the last one of its episode
 LOST = 64  # the frame's episode has HEAD_LOST
 
-EXTENTS_PER_SECTION = 16  # at most; see extent_rows
 _KEY = np.int64(1) << 40  # stream stride of the search keys (more rows than any stream can write)
-
-
-def extent_rows(rows_per_stream: int) -> int:
-    """Slots per extent: the home section cut into the most pieces (at most 16) that divide it evenly."""
-    for m in range(min(EXTENTS_PER_SECTION, rows_per_stream), 0, -1):
-        if rows_per_stream % m == 0:
-            return rows_per_stream // m
-    return rows_per_stream
 
 
 def home_extents(rows_per_stream: int, s: int) -> list[int]:

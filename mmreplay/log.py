@@ -26,6 +26,7 @@ from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
+from .storage.validate import check_files
 
 
 @dataclass
@@ -303,6 +304,7 @@ class ChunkLog:
                       listener: RingListener) -> ChunkLog:
         """Map the committed chunks and rebuild the index from their flags (and id) columns."""
         mpath = os.path.join(root, "manifest.json")
+        check_files(root, body, schema)  # plain files only, no links; state files as FORMAT.md says
         n_env, rs = schema.num_envs, schema.rows_per_stream
         try:
             entries = body["chunks"]

@@ -1,6 +1,6 @@
 """``store.batches()``: sampling with the next batches prepared in the background.
 
-Rule (DESIGN §2b): with ``prefetch=p``, batch ``i+p`` is *drawn* (ids, and
+Rule: with ``prefetch=p``, batch ``i+p`` is *drawn* (ids, and
 weights for prioritized stores) in the caller's thread at the moment batch
 ``i`` is handed out; copying its frames happens in a background thread. So
 the RNG is consumed in exactly the order of repeated ``sample()`` calls, and a
@@ -19,12 +19,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .batch import Batch
 from .plan import Plan
+from .sequences import SequencePlan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,19 +37,28 @@ class Draw:
     weight: np.ndarray | None
     rng_before: dict[str, Any]  # the sampling RNG state just before this draw
     order: int  # position among the store's draws
-    plan: Plan | None = None  # row arithmetic, fixed when drawn
+    plan: Plan | SequencePlan | None = None  # row arithmetic, fixed when drawn
+    length: int = 0  # sequences: their length (0: a batch of transitions)
+    strict: bool = False  # sequences: drawn with strict=True
+    head: Any = 0  # sequences: each stream's rows when drawn, an array (re-planning a resumed draw uses it)
+
+    @property
+    def kind(self) -> tuple[int, int, bool]:
+        """What an iterator must ask for to hand this draw out: (batch size, length, strict)."""
+        return int(self.ids.size), self.length, self.strict
 
 
-class BatchIterator(Iterator[Batch]):
-    """Iterator returned by ``ReplayStore.batches``; infinite; ``close()`` (or the store's) ends it."""
+class BatchIterator(Iterator[T], Generic[T]):
+    """Iterator returned by ``ReplayStore.batches`` and ``sequence_batches``; infinite; ``close()`` (or the
+    store's) ends it."""
 
-    def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], executor: ThreadPoolExecutor,
+    def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], executor: ThreadPoolExecutor,
                  prefetch: int, pending: list[Draw] | None = None) -> None:
         self._draw = draw
         self._assemble = assemble
         self._executor = executor
         self._prefetch = prefetch
-        self._queue: deque[tuple[Draw, Future[Batch]]] = deque()
+        self._queue: deque[tuple[Draw, Future[T]]] = deque()
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._queue.append((d, executor.submit(assemble, d)))
@@ -57,7 +68,7 @@ class BatchIterator(Iterator[Batch]):
             d = self._draw()
             self._queue.append((d, self._executor.submit(self._assemble, d)))
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> T:
         if self._closed:
             raise StopIteration
         self._fill()  # batches i .. i+p are drawn when batch i is handed out

@@ -30,10 +30,13 @@ from .errors import (
 )
 from .log import ChunkLog
 from .options import Prioritized, Schema
+from .plan import Plan
 from .prefetch import BatchIterator, Draw
 from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
+from .sequence_batch import SequenceBatch, assemble_sequences
+from .sequences import SequencePlan
 from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
@@ -66,13 +69,39 @@ class _RingEvents:
             store._reader.frames = store._parts.log.ring.arrays["obs"]
 
 
+class _Held:
+    """What an open store holds outside Python's memory (mappings, threads, the lock): released by
+    ``close()``, or when the store is dropped without it (then nothing is committed, as after a crash)."""
+
+    def __init__(self) -> None:
+        self.log: ChunkLog | None = None
+        self.reader: FrameReader | None = None
+        self.drawer: Drawer | None = None
+        self.lock_fd: int | None = None
+
+    def release(self) -> None:
+        try:
+            if self.drawer is not None:
+                self.drawer.close()
+            if self.reader is not None:
+                self.reader.close()
+            if self.log is not None:
+                self.log.close()
+        finally:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+            self.log = self.reader = self.drawer = None
+            self.lock_fd = None
+
+
 class ReplayStore:
     """A disk-backed replay store. Build one with ``create``, ``open``, ``load`` (or ``from_env``).
 
     Frames live in memory-mapped chunk files under ``path``; RAM holds the
     index (~22 bytes per slot) and, for prioritized stores, the sum tree.
     Writing: ``reset(obs)`` then ``step(action, reward, next_obs, terminated, truncated, **extras)``.
-    Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``.
+    Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``;
+    sequences: ``sample_sequences``, ``sequence_batches``, ``gather_sequences``.
     Durability: ``commit()`` is the only resume point besides ``close()``; ``save``/``load`` snapshots.
     """
 
@@ -83,7 +112,6 @@ class ReplayStore:
         self._path = path
         self._schema = schema
         self._mode = mode
-        self._lock_fd = lock_fd
         self._closed = False
         self._inputs = _inputs.Inputs(schema)
         self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
@@ -93,8 +121,16 @@ class ReplayStore:
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
         self._drawer = Drawer(manifest, seed)
+        self._held = _Held()
+        self._held.drawer, self._held.lock_fd = self._drawer, lock_fd
+        self._release = weakref.finalize(self, self._held.release)
         self._writer: EpisodeWriter | None = None
-        self._attach(manifest)
+        try:
+            self._attach(manifest)
+        except BaseException:
+            self._held.lock_fd = None  # open() closes it
+            self._release()
+            raise
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
@@ -115,6 +151,7 @@ class ReplayStore:
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead)
+        self._held.log, self._held.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
 
@@ -335,10 +372,10 @@ class ReplayStore:
         ``batch_size`` transitions with ``replace=False``.
         """
         self._check_open()
-        d = self._draw(_inputs.batch_size_arg(batch_size), bool(replace), beta)
+        d = self._draw(_inputs.batch_size_arg(batch_size, self._inputs.row_bytes), bool(replace), beta)
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
-    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator:
+    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
 
         Batch ``i + prefetch`` is drawn when batch ``i`` is handed out, so a priority update made after
@@ -348,14 +385,14 @@ class ReplayStore:
         batches that had been drawn but not handed out, then continues as the saved run would have.
         """
         self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         if beta is not None:
             self._require_prio("beta=")
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, b, int(prefetch))
+                                     self._parts.log.index, (b, 0, False), int(prefetch))
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()
@@ -365,10 +402,81 @@ class ReplayStore:
         """Copy a drawn batch's data (in the prefetch thread). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
-        if d.plan is None:
+        if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
         return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight)
+
+    def sample_sequences(self, batch_size: int, length: int, strict: bool = False,
+                         beta: float | None = None) -> SequenceBatch:
+        """A batch of sequences of ``length`` consecutive steps (``mr.SequenceBatch``), for recurrent and
+        model-based learners.
+
+        Starts are drawn as ``sample()`` draws transitions (uniformly, or by the start's priority with
+        importance weights for ``beta``); the steps after a start need only be written, and a sequence
+        stops at its episode's end or the newest step of its episode (the rest is masked, zeros).
+        ``strict=True`` draws only starts with ``length`` steps in their episode (nothing masked;
+        independent draws in proportion to priority in prioritized stores). Cost O(batch x length),
+        whatever the capacity (a strict draw whose starts rarely fit also makes one pass over the index the
+        first time, see SEMANTICS.md). Raises ``NotSampleableError`` when nothing is sampleable or, strict,
+        no start has ``length`` steps (the RNG is then left as it was).
+        """
+        self._check_open()
+        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
+        return self._assemble_sequence_draw(self._draw_sequences(b, n, strict, beta))
+
+    def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
+                         beta: float | None = None) -> BatchIterator[SequenceBatch]:
+        """An endless iterator of ``sample_sequences(batch_size, length, strict)`` batches whose frames are
+        copied in the background, with the rules of ``batches()``: batch ``i + prefetch`` is drawn (and its
+        steps fixed) when batch ``i`` is handed out; commits record the draws not yet handed out, and the
+        first ``sequence_batches`` iterator of the same arguments after ``open()``/``load()`` hands them out.
+        """
+        self._check_open()
+        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
+        return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
+                                     self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
+                                     int(prefetch))
+
+    def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
+        """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
+        ``sample_sequences`` builds them from the store as it is now (weights 1).
+
+        Raises ``NotSampleableError`` naming the first id that is evicted, never issued, or not sampleable.
+        """
+        self._check_open()
+        ids = _inputs.ids_array(index).copy()
+        n = _inputs.length_arg(length)
+        _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
+        self._sync()
+        idx = self._parts.log.index
+        idx.check_ids(ids)
+        plan = idx.sequence_plan(idx.slots_of(ids), n)
+        return assemble_sequences(plan, self._parts.log.ring.arrays, self._extra_names, self._reader, None)
+
+    def _sequence_args(self, batch_size: Any, length: Any, strict: Any,
+                       beta: Any) -> tuple[int, int, bool, float | None]:
+        b = _inputs.batch_size_arg(batch_size)
+        n = _inputs.length_arg(length)
+        _inputs.sequences_fit(b, n, self._schema.stack * self._schema.frame_bytes)
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"strict: expected True or False, got {strict!r}")
+        if beta is not None:
+            self._require_prio("beta=")
+            beta = check_beta(beta)
+        return b, n, bool(strict), beta
+
+    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
+        self._sync()
+        return self._drawer.draw_sequences(self._parts.sampler, self._parts.log.index, b, n, strict, beta)
+
+    def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
+        """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
+        if not isinstance(d.plan, SequencePlan):
+            raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
+        return assemble_sequences(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader, d.weight)
 
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
@@ -524,8 +632,9 @@ class ReplayStore:
         Sealed chunks are hard-linked (copied across filesystems), the open chunk and the state files
         copied, the manifest written last: O(one chunk + index), whatever the capacity. Saving into an
         existing snapshot replaces it atomically (the old one stays loadable until the new one is
-        complete). ``keep=N`` then removes all but the N newest snapshots among ``snapshot_dir``'s
-        siblings named like it up to its trailing digits (``ckpt/replay-000300`` -> ``ckpt/replay-*``).
+        complete). ``keep=N`` then removes all but the N newest snapshots of this store named like
+        ``snapshot_dir`` up to its trailing digits (``ckpt/replay-000300``: ``ckpt/replay-`` followed by
+        digits only); ``ckpt/replay-best``, ``ckpt/baseline`` and other stores' snapshots are never touched.
         Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
         """
         self._check_open()
@@ -597,12 +706,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
-            self._drawer.close()
-            self._reader.close()
-            self._parts.log.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release()
 
     def __enter__(self) -> ReplayStore:
         return self
@@ -644,12 +748,12 @@ def _after_fork_in_child() -> None:
     read-only in the child: sampling from the inherited mappings still works.
     """
     for store in list(_WRITERS):
-        if store._lock_fd is not None:
+        if store._held.lock_fd is not None:
             try:
-                os.close(store._lock_fd)
+                os.close(store._held.lock_fd)
             except OSError:
                 pass
-            store._lock_fd = None
+            store._held.lock_fd = None
         store._durable.failed = ReadOnlyStoreError(
             "this store was opened for writing in the parent process; open it in the child with mode='r'")
 

@@ -15,6 +15,7 @@ import pytest
 from helpers import assert_same, make_pair
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from test_sequences import check_sequences
 
 import mmreplay as mr
 
@@ -166,6 +167,7 @@ def test_interleaved_blocks_of_a_vector_store_match_the_model(tmp_path_factory, 
     ops = data.draw(st.lists(OPS, min_size=1, max_size=40))
     _drive(pair, ops, n_env, rng, check_every=data.draw(st.integers(3, 15)))
     assert_same(pair)
+    check_sequences(pair, [1, 3, 7], rng)  # sequences follow each stream's own rows, also across extents
     event(f"extents sealed part-filled: {pair.store.inspect()['holes'] > 0}")
     pair.store.close()
     with open(os.path.join(path, "manifest.json")) as f:
