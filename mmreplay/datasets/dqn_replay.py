@@ -43,6 +43,7 @@ from ._common import ProgressArg, progress_bar, summary_lines
 from ._dopamine_files import PREFIX, Checkpoint, check_overlap, scan
 from ._gznpy import RowBlocks
 from ._importing import StoreBuilder, sampling_params
+from ._location import Location
 from .errors import DatasetError
 
 BLOCK = 1024  # frames per block handed over by the inflating thread
@@ -147,11 +148,13 @@ def _slot_runs(start: int, stop: int, slots: int) -> list[tuple[int, int]]:
     return [(s0, s0 + n)] if s0 + n <= slots else [(s0, slots), (0, s0 + n - slots)]
 
 
-def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str], *, suffixes: Any = None,
+def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any = None,
                       stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
                       pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
+                      storage_options: dict[str, Any] | None = None,
                       seed: int = 0, progress: ProgressArg = True) -> ReplayStore:
-    ckpts = scan(src, suffixes)
+    loc = Location.of(src, storage_options)
+    ckpts = scan(loc, suffixes)
     # which add indices each checkpoint contributes, and whether it continues the previous one
     plan: list[tuple[Checkpoint, int, bool]] = []
     cur: int | None = None
@@ -171,7 +174,7 @@ def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str],
     recorded = {"stack": first.stack_size, "n_step": first.update_horizon, "pad": "zeros"}
     extras = {k: (tuple(first.columns[k].shape[1:]), first.columns[k].dtype) for k in first.extras}
     meta: dict[str, Any] = {"source": {
-        "format": "dqn-replay", "path": os.path.abspath(os.fspath(src)),
+        "format": "dqn-replay", "path": str(loc) if loc.remote else os.path.abspath(loc.path),
         "suffixes": [c.suffix for c, _, _ in plan], "stack_size": first.stack_size,
         "update_horizon": first.update_horizon,
         "terminal_marks_time_limit": not first.has_end_indices,
@@ -258,15 +261,16 @@ def _block(c: Checkpoint) -> int:
 
 
 @contextlib.contextmanager
-def _frames_of(path: str, lo: int, hi: int, ready: RowBlocks | None, block: int) -> Iterator[RowBlocks]:
+def _frames_of(path: Location, lo: int, hi: int, ready: RowBlocks | None, block: int) -> Iterator[RowBlocks]:
     """Blocks of frame rows ``[lo, hi)``, streamed by a thread (started earlier when ``ready``)."""
     with ready if ready is not None else RowBlocks(path, PREFIX + "observation", lo, hi, block) as blocks:
         yield blocks
 
 
-def describe_dqn_replay(src: str | os.PathLike[str]) -> list[str]:
-    ckpts = scan(src)
-    lines = [f"dataset     {os.fspath(src)} (Dopamine replay checkpoints, {len(ckpts)} suffixes:"
+def describe_dqn_replay(src: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
+    loc = Location.of(src, storage_options)
+    ckpts = scan(loc)
+    lines = [f"dataset     {loc} (Dopamine replay checkpoints, {len(ckpts)} suffixes:"
              f" {', '.join(str(c.suffix) for c in ckpts[:12])}{' ...' if len(ckpts) > 12 else ''})"]
     first = ckpts[0]
     first.load()
