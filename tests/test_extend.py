@@ -322,3 +322,34 @@ def test_streams_that_advance_apart_leave_at_most_part_of_an_extent_each_per_chu
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
     loaded.close()
     pair.store.close()
+
+
+def _vector_with_extents(tmp_path):
+    """A committed 2-stream store whose chunks list their extents (stream 1 stopped, stream 0 wrote on)."""
+    pair = _vector_pair(tmp_path, chunk_size=64, capacity=400)
+    s = pair.store
+    s.reset(pair.frame(2))
+    s.extend(*_block(pair, 5), env=1, **_ex(5))
+    for _ in range(12):
+        s.extend(*_block(pair, 7), env=0, **_ex(7))
+    s.close()
+    return str(tmp_path / "s")
+
+
+@pytest.mark.parametrize("name, change", [
+    ("rows of another length", lambda d: d.update(rows=d["rows"][:1])),
+    ("a stream's rows beyond a chunk", lambda d: d["chunks"][0].update(rows=[65, 0])),
+    ("an extent out of range", lambda d: d["chunks"][0].update(extents=[[0, 99], [1]])),
+    ("an extent listed twice", lambda d: d["chunks"][0].update(extents=[[0, 1], [1]])),
+    ("too few extents for the rows", lambda d: d["chunks"][0].update(extents=[[0], []])),
+    ("streams of the wrong shape", lambda d: d.update(streams=[[True, 1]] * 2)),
+    ("more rows held than written", lambda d: d.update(rows=[1, 1])),
+])
+def test_forged_stream_layouts_are_refused_before_anything_is_mapped(tmp_path, name, change):
+    from hostile import forge, read_doc
+
+    path = _vector_with_extents(tmp_path)
+    assert any("extents" in c for c in read_doc(path)["chunks"])
+    forge(path, change)
+    with pytest.raises(mr.CorruptStoreError):
+        mr.ReplayStore.open(path, mode="r")
