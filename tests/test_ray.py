@@ -126,6 +126,12 @@ def test_draws_across_actors_follow_their_sizes_and_priorities(cluster, tmp_path
     # mixture weights: (m_i / m_min) ** -beta over all actors: 1 for actor 0's rows, 1/9 for actor 1's
     for who, w in weights:
         np.testing.assert_allclose(w, np.where(who == 0, 1.0, 1 / 9), rtol=1e-5)
+    seq = next(batches(actors, 8, prefetch=1, seed=1, length=5))  # sequences, drawn the same way
+    assert seq.obs.shape == (8, 6, 1, 2) and seq.actor.shape == (8,)
+    for i in range(8):  # each sequence comes from its actor's store: frames [actor, t], t consecutive
+        m = int(seq.mask[i].sum())
+        states = seq.obs[i, : m + 1, 0]
+        assert m >= 1 and (states[:, 0] == seq.actor[i]).all() and (np.diff(states[:, 1]) == 1).all()
     for a in actors:
         ray.get(a.close.remote())
 
