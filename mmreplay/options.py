@@ -114,6 +114,7 @@ class Schema:
     pad: str = "zeros"
     chunk_size: int = 0
     prioritized: Prioritized | None = None
+    quantize: bool = False
 
     @classmethod
     def build(
@@ -132,6 +133,7 @@ class Schema:
         pad: Any = "zeros",
         chunk_size: Any = None,
         prioritized: Any = None,
+        quantize: Any = False,
     ) -> Schema:
         """Validate user-facing ``create()`` arguments and pick the defaults that depend on others."""
         capacity = _int("capacity", capacity, 1)
@@ -181,8 +183,13 @@ class Schema:
                 f" mapping (at most {MAX_MAPPED_FILES:,} are allowed); use chunk_size >= {least} or the default")
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"prioritized must be mr.Prioritized(...) or None, got {prioritized!r}")
+        if not isinstance(quantize, (bool, np.bool_)):
+            raise TypeError(f"quantize must be True or False, got {quantize!r}")
+        if quantize and obs_dtype != np.uint8:
+            raise ValueError(f"quantize=True stores frames in [0, 1] as uint8 (round(x * 255)): it needs"
+                             f" obs_dtype='uint8', got obs_dtype={obs_dtype}; drop quantize or use uint8")
         return cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
-                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized)
+                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized, bool(quantize))
 
     @property
     def frame_bytes(self) -> int:
@@ -214,6 +221,7 @@ class Schema:
             "pad": self.pad,
             "chunk_size": self.chunk_size,
             "prioritized": None if self.prioritized is None else self.prioritized.to_json(),
+            "quantize": self.quantize,
         }
 
     @classmethod
@@ -225,6 +233,7 @@ class Schema:
             extras={k: (tuple(v[0]), v[1]) for k, v in d["extras"].items()},
             num_envs=d["num_envs"], vector=d["vector"], pad=d["pad"], chunk_size=d["chunk_size"],
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
+            quantize=bool(d.get("quantize", False)),
         )
 
 

@@ -124,19 +124,22 @@ class ReplayStore:
                action_dtype: Any = "int64", extras: dict[str, Any] | None = None, num_envs: int = 1,
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
-               read_threads: int | None = None, metadata: dict[str, Any] | None = None) -> ReplayStore:
+               read_threads: int | None = None, metadata: dict[str, Any] | None = None,
+               quantize: bool = False) -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
         frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
         any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
+        ``quantize=True`` (uint8 frames) lets ``reset``/``step`` take floating frames in [0, 1], stored as
+        ``round(x * 255)``.
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
                               n_step=n_step, gamma=gamma, action_shape=action_shape, action_dtype=action_dtype,
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
-                              prioritized=prioritized)
+                              prioritized=prioritized, quantize=quantize)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
