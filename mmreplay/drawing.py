@@ -78,6 +78,18 @@ class Drawer:
             "ids": [d.ids.tolist() for d in pending],
             "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}}
 
+    def discard_pending(self) -> None:
+        """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
+        and rewind the RNG to before the first of them: the batches handed out next are those repeated
+        ``sample()`` calls would give from here."""
+        self._resume_draws, self._resume_rng = [], {}
+        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        if not pending:
+            return
+        self.rng.bit_generator.state = pending[0].rng_before
+        for it in list(self._iterators):
+            it.discard()
+
     def drain(self) -> None:
         """Wait until no background copy is running (before chunks are unmapped)."""
         for it in list(self._iterators):
@@ -100,6 +112,8 @@ def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[s
     if not state:
         return [], {}
     weights = state["weights"] or [None] * len(state["ids"])
-    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), {}, i)
+    # the first one's RNG state before it is the committed "rng" (the state as of the last batch handed out)
+    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
+                  manifest["rng"] if i == 0 else {}, i)
              for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
     return draws, state["rng_after"]

@@ -73,6 +73,11 @@ class BatchIterator(Iterator[Batch]):
         for _, fut in self._queue:
             fut.exception()
 
+    def discard(self) -> None:
+        """Forget the drawn batches (their rows changed under them); later ones are drawn afresh."""
+        self.drain()
+        self._queue.clear()
+
     def close(self) -> None:
         self.drain()
         self._queue.clear()

@@ -56,7 +56,8 @@ def priority_files(entry: dict[str, Any] | None) -> list[str]:
 
 def referenced_files(doc: dict[str, Any]) -> list[str]:
     """Every state file a manifest body refers to (relative paths)."""
-    return priority_files(doc.get("priorities"))
+    validity = doc.get("validity") or {}
+    return priority_files(doc.get("priorities")) + ([validity["file"]] if validity.get("file") else [])
 
 
 def remove_unreferenced(root: str, keep: set[str]) -> None:

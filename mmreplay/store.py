@@ -21,7 +21,15 @@ import numpy as np
 from . import _inputs
 from .batch import Batch, assemble
 from .drawing import Drawer
-from .durability import Durability, Parts, create_store, json_dict, load_snapshot, read_consistent
+from .durability import (
+    Durability,
+    Parts,
+    create_store,
+    json_dict,
+    load_snapshot,
+    read_consistent,
+    restore_validity,
+)
 from .episodes import EpisodeSteps, EpisodeTable, episode_frames, episode_steps
 from .errors import (
     NotAStoreError,
@@ -104,9 +112,10 @@ class ReplayStore:
         schema = self._schema
         log = ChunkLog.from_manifest(self._path, schema, manifest, self._mode == "r+", self._events)
         try:
+            restore_validity(self._path, manifest, log.index)  # invalidate()/clear() of the commit
             sampler = make_sampler(schema, log.index)
             sampler.restore(StateDir(self._path, int(manifest.get("generation", 0))), manifest.get("priorities"),
-                            log.initial_valid)
+                            log.initial_valid[log.index.valid_at(log.initial_valid)])
         except BaseException:
             log.close()
             raise
@@ -336,6 +345,37 @@ class ReplayStore:
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
                                      self._parts.log.index, b, int(prefetch))
+
+    # -- invalidation ------------------------------------------------------------------------------------
+    def invalidate(self, ids: Any) -> int:
+        """Never sample, gather or start a sequence from these transitions again (at once; durable at
+        the next ``commit()``). ``len(store)`` drops; episodes and exports keep them.
+
+        Evicted ids are skipped; ids already invalidated count once. Returns how many were newly
+        invalidated. Raises ``NotSampleableError`` naming the first id never issued (nothing changes).
+        Batches a ``batches()`` iterator had drawn but not handed out are drawn again.
+        """
+        self._check_writable()
+        ids = _inputs.ids_array(ids, "ids")
+        self._sync()
+        n, dropped = self._parts.log.index.invalidate(ids)
+        self._after_validity_change(dropped)
+        return n
+
+    def clear(self) -> None:
+        """Remove every transition stored so far (at once; durable at the next ``commit()``).
+
+        Nothing written before is sampled, gathered, listed by ``episodes()``/``to_arrow()`` or exported
+        again; ids keep counting up, and episodes still open go on (their next transitions are kept, their
+        stacks still read the frames before).
+        """
+        self._check_writable()
+        self._sync()
+        self._after_validity_change(self._parts.log.index.clear())
+
+    def _after_validity_change(self, dropped: np.ndarray) -> None:
+        self._parts.sampler.slots_cleared(dropped)
+        self._drawer.discard_pending()  # drawn rows may have just been invalidated
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()

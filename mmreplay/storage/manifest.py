@@ -19,8 +19,14 @@ from .files import fsync_dir, write_atomic
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
 FORMAT_NAME = "mmreplay-store"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest version this code reads (and writes, when a store needs it)
 MANIFEST = "manifest.json"
+
+
+def version_needed(body: dict[str, Any]) -> int:
+    """The oldest format version that reads ``body`` right: 2 when it holds a validity record (version-1
+    readers would sample invalidated transitions)."""
+    return 2 if body.get("validity") else 1
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -28,7 +34,7 @@ def _canonical(body: dict[str, Any]) -> bytes:
 
 
 def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -> None:
-    body = dict(body, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+    body = dict(body, format=FORMAT_NAME, format_version=version_needed(body))
     doc = dict(body, checksum=zlib.crc32(_canonical(body)))
     write_atomic(os.path.join(directory, name), _readable(doc))
 
