@@ -294,6 +294,19 @@ class Index:
             lo[:] = self.clear_row - ((prev & START) != 0)
         return lo
 
+    def transition_rows(self) -> dict[str, np.ndarray]:
+        """Every retained transition not removed by ``clear()``, in id order: ``id``, ``slot``, ``stream``,
+        ``row`` (of its next frame), ``epos`` (that frame's episode position), ``flags`` (RAM bits),
+        ``valid``."""
+        lo, hi = max(self.oldest_id, self.clear_id), self.next_id
+        if hi <= lo:
+            slots = np.empty(0, np.int64)
+        else:
+            slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
+        stream, row = self.geo.rows_of(slots, self.seq_of_pos)
+        return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
+                "epos": self.epos[slots].astype(np.int64), "flags": self.flags[slots], "valid": self.valid[slots]}
+
     # -- invalidation ----------------------------------------------------------------------------------
     def invalidate(self, ids: np.ndarray) -> tuple[int, np.ndarray]:
         """Make transitions ``ids`` never sampleable again (evicted ids are skipped).

@@ -377,6 +377,32 @@ class ReplayStore:
         self._parts.sampler.slots_cleared(dropped)
         self._drawer.discard_pending()  # drawn rows may have just been invalidated
 
+    # -- tables ------------------------------------------------------------------------------------------
+    def _table_columns(self) -> dict[str, np.ndarray]:
+        from .tables import transition_columns
+
+        self._check_open()
+        self._sync()
+        sampler = self._parts.sampler
+        return transition_columns(self._parts.log.index, self._parts.log.ring.arrays, self._schema, self.episodes(),
+                                  sampler.priorities if isinstance(sampler, PrioritizedSampler) else None)
+
+    def to_arrow(self) -> Any:
+        """The store's transitions as a ``pyarrow.Table``: one row per retained transition with ``id``,
+        ``episode`` (its row in ``episodes()``), ``step`` (t within the episode), ``env``, ``action``,
+        ``reward``, ``terminated``, ``truncated``, ``sampleable``, ``priority`` (prioritized stores) and
+        the scalar extras; no frames. Needs pyarrow (``pip install 'mmreplay[tables]'``)."""
+        from .tables import arrow_table
+
+        return arrow_table(self._table_columns())
+
+    def to_pandas(self) -> Any:
+        """``to_arrow()``'s columns as a ``pandas.DataFrame`` (needs pandas, not pyarrow:
+        ``pip install 'mmreplay[tables]'``)."""
+        from .tables import pandas_frame
+
+        return pandas_frame(self._table_columns())
+
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()
         return self._drawer.draw(self._parts.sampler, self._parts.log.index, b, replace, beta, plan)

@@ -203,6 +203,7 @@ def test_clear_removes_everything_and_ids_keep_counting(tmp_path):
         s.gather([44])
     with pytest.raises(mr.NotSampleableError):
         s.sample(1)
+    assert s.to_pandas().empty
     _fill(s, 30, start=45)  # the open episode goes on
     assert s.id_range[1] == 75
     ids = s.sampleable_ids()
