@@ -13,13 +13,14 @@ from .errors import (
     MMReplayError,
     NotAStoreError,
     NotSampleableError,
+    RateLimitTimeout,
     ReadOnlyStoreError,
     StoreClosedError,
     StoreIOError,
     StoreLockedError,
     StoreNotFoundError,
 )
-from .options import Prioritized
+from .options import Prioritized, RateLimit
 from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
@@ -38,6 +39,8 @@ __all__ = [
     "NotAStoreError",
     "NotSampleableError",
     "Prioritized",
+    "RateLimit",
+    "RateLimitTimeout",
     "ReadOnlyStoreError",
     "ReplayStore",
     "prune_snapshots",

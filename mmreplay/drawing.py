@@ -47,9 +47,10 @@ class Drawer:
         return Draw(ids, weight, before, self._count, index.plan(index.slots_of(ids)) if plan else None)
 
     def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], index: Index,
-                 batch_size: int, prefetch: int) -> BatchIterator:
+                 batch_size: int, prefetch: int, handout: Callable[[int], None] | None = None) -> BatchIterator:
         """A prefetching iterator. The first one after a resume first hands out the batches the committed
-        run had drawn but not handed out (if they have this batch size), then continues from there."""
+        run had drawn but not handed out (if they have this batch size), then continues from there.
+        ``handout(rows)`` runs before each batch is handed out (the rate limit)."""
         pending: list[Draw] = []
         if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws):
             pending = self._resume_draws
@@ -59,7 +60,7 @@ class Drawer:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
         for d in pending:
             d.plan = index.plan(index.slots_of(d.ids))
-        it = BatchIterator(draw, assemble, self._pool, prefetch, pending)
+        it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout)
         self._iterators.add(it)
         return it
 

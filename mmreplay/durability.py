@@ -30,6 +30,7 @@ from .errors import CorruptStoreError, ReadOnlyStoreError, StoreIOError
 from .index import Index
 from .log import ChunkLog
 from .options import Schema
+from .ratelimit import RateLimiter, initial_files
 from .sampling import Sampler
 from .statefiles import STATE_DIR, StateDir, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
@@ -46,6 +47,7 @@ class Parts:
     log: ChunkLog
     sampler: Sampler
     drawer: Drawer
+    limiter: RateLimiter | None = None
 
 
 def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bool) -> T:
@@ -77,6 +79,7 @@ class Durability:
         self.committed_at = float(manifest.get("committed_at", 0.0))
         self.snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
         self.validity: dict[str, Any] | None = manifest.get("validity")  # the committed validity record
+        self.rate_counts: dict[str, Any] | None = manifest.get("rate_limit")  # the committed rate-limit counts
 
     # -- failures --------------------------------------------------------------------------------------
     def fail(self, exc: OSError, doing: str) -> StoreIOError:
@@ -105,6 +108,10 @@ class Durability:
         validity = self.validity_entry(parts.log.index, files, in_place=delta)
         if validity is not None:
             body["validity"] = validity
+        if parts.limiter is not None and parts.limiter.writer:
+            body["rate_limit"] = parts.limiter.state()
+        elif self.rate_counts is not None:  # a reader's snapshot: the counts of the commit it holds
+            body["rate_limit"] = self.rate_counts
         return body
 
     def validity_entry(self, index: Index, files: StateDir, in_place: bool) -> dict[str, Any] | None:
@@ -130,7 +137,7 @@ class Durability:
         except OSError as exc:
             raise self.fail(exc, "committing") from exc
         self.generation, self.committed_at = gen, body["committed_at"]
-        self.validity = body.get("validity")
+        self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         parts.log.index.validity_changed = False
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
@@ -177,6 +184,8 @@ def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any])
     try:
         os.makedirs(os.path.join(path, "chunks"), exist_ok=True)
         os.makedirs(os.path.join(path, STATE_DIR), exist_ok=True)
+        if schema.rate_limit is not None:
+            initial_files(path)
         write_manifest(path, body)
     except BaseException:
         if existed:

@@ -42,9 +42,11 @@ class BatchIterator(Iterator[Batch]):
     """Iterator returned by ``ReplayStore.batches``; infinite; ``close()`` (or the store's) ends it."""
 
     def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], executor: ThreadPoolExecutor,
-                 prefetch: int, pending: list[Draw] | None = None) -> None:
+                 prefetch: int, pending: list[Draw] | None = None,
+                 handout: Callable[[int], None] | None = None) -> None:
         self._draw = draw
         self._assemble = assemble
+        self._handout = handout  # called with a batch's rows just before it is handed out (may wait or raise)
         self._executor = executor
         self._prefetch = prefetch
         self._queue: deque[tuple[Draw, Future[Batch]]] = deque()
@@ -61,6 +63,8 @@ class BatchIterator(Iterator[Batch]):
         if self._closed:
             raise StopIteration
         self._fill()  # batches i .. i+p are drawn when batch i is handed out
+        if self._handout is not None:  # e.g. a rate limit: if it raises, the batch stays first in line
+            self._handout(int(self._queue[0][0].ids.size))
         _, fut = self._queue.popleft()
         return fut.result()
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -37,11 +37,13 @@ from .errors import (
     StoreClosedError,
 )
 from .log import ChunkLog
-from .options import Prioritized, Schema
+from .options import Prioritized, RateLimit, Schema
 from .prefetch import BatchIterator, Draw
+from .ratelimit import RateLimiter
 from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
+from .snapshot import SNAPSHOT_KEY
 from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
@@ -49,6 +51,7 @@ from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
+T = TypeVar("T")
 
 
 class _RingEvents:
@@ -102,7 +105,15 @@ class ReplayStore:
         self._durable = Durability(path, schema, manifest)
         self._drawer = Drawer(manifest, seed)
         self._writer: EpisodeWriter | None = None
-        self._attach(manifest)
+        self._limiter = self._make_limiter(manifest)
+        try:
+            self._attach(manifest)
+        except BaseException:
+            if self._limiter is not None:
+                self._limiter.close()
+            raise
+        if self._limiter is not None and mode == "r+":
+            self._limiter.publish_size(self._parts.log.index.n_valid)
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
@@ -119,7 +130,7 @@ class ReplayStore:
         except BaseException:
             log.close()
             raise
-        self._parts = Parts(log, sampler, self._drawer)
+        self._parts = Parts(log, sampler, self._drawer, self._limiter)
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
@@ -134,21 +145,22 @@ class ReplayStore:
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
                read_threads: int | None = None, metadata: dict[str, Any] | None = None,
-               quantize: bool = False) -> ReplayStore:
+               rate_limit: RateLimit | None = None, quantize: bool = False) -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
         frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
         any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
-        ``quantize=True`` (uint8 frames) lets ``reset``/``step`` take floating frames in [0, 1], stored as
-        ``round(x * 255)``.
+        ``rate_limit=mr.RateLimit(...)`` holds the ratio of sampled rows to stored transitions across every
+        process of the store (see ``RateLimit``). ``quantize=True`` (uint8 frames) lets ``reset``/``step``
+        take floating frames in [0, 1], stored as ``round(x * 255)``.
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
                               n_step=n_step, gamma=gamma, action_shape=action_shape, action_dtype=action_dtype,
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
-                              prioritized=prioritized, quantize=quantize)
+                              prioritized=prioritized, rate_limit=rate_limit, quantize=quantize)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
@@ -263,7 +275,8 @@ class ReplayStore:
         ``ring_positions`` (chunks the mapped ring has room for), ``chunks`` (retained chunks),
         ``rows`` (frame rows per stream), ``rng`` (the sampling RNG's state now), and for
         prioritized stores ``priority_total`` (the sum tree's total mass), ``priority_slots``
-        (slots carrying mass: the sampleable transitions when consistent), ``priority_state``
+        (slots carrying mass: the sampleable transitions when consistent), ``rate_limit`` (rate-limited
+        stores: ``inserted``, ``sampled``, ``size`` and ``writer_pid`` read together), ``priority_state``
         (the last commit's priorities entry) and, given sampleable ``ids``, ``priority_masses``
         (their masses in the tree).
         """
@@ -272,6 +285,8 @@ class ReplayStore:
         log, sampler = self._parts.log, self._parts.sampler
         out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks), "rows": log.rows,
                                "rng": self._drawer.rng.bit_generator.state}
+        if self._limiter is not None:
+            out["rate_limit"] = self._limiter.counts()
         if isinstance(sampler, PrioritizedSampler):
             out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
                        priority_state=read_manifest(self._path).get("priorities"))
@@ -308,10 +323,15 @@ class ReplayStore:
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
         writer = self._check_writable()
+        if self._limiter is not None:
+            n = writer.stored_by_next_step()
+            self._limit_insert(n)
         try:
             writer.step(action, reward, next_obs, terminated, truncated, extras)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a transition") from exc
+        if self._limiter is not None:
+            self._count_insert(n)
 
     # -- reading ---------------------------------------------------------------------------------------
     def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
@@ -321,10 +341,12 @@ class ReplayStore:
         draw proportionally to ``(p + eps) ** alpha`` with stratification (always with replacement) and
         set ``batch.weight`` to the normalised importance weights for ``beta`` (default ``store.beta``).
         Raises ``NotSampleableError`` (a ``ValueError``) when nothing is sampleable, or fewer than
-        ``batch_size`` transitions with ``replace=False``.
+        ``batch_size`` transitions with ``replace=False``. Rate-limited stores wait until the limit allows
+        ``batch_size`` more rows, or raise ``RateLimitTimeout`` (see ``RateLimit``).
         """
         self._check_open()
-        d = self._draw(_inputs.batch_size_arg(batch_size), bool(replace), beta)
+        b = _inputs.batch_size_arg(batch_size)
+        d = self._rate_limited(b, lambda: self._draw(b, bool(replace), beta))
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator:
@@ -344,7 +366,79 @@ class ReplayStore:
             self._require_prio("beta=")
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, b, int(prefetch))
+                                     self._parts.log.index, b, int(prefetch),
+                                     None if self._limiter is None else self._limit_handout)
+
+    # -- rate limiting ---------------------------------------------------------------------------------
+    def _make_limiter(self, manifest: dict[str, Any]) -> RateLimiter | None:
+        limit = self._schema.rate_limit
+        if limit is None or SNAPSHOT_KEY in manifest:  # a snapshot is never written to: nothing to limit
+            return None
+        s = self._schema
+        return RateLimiter(self._path, limit, manifest.get("rate_limit"), self._mode == "r+",
+                           pending_lag=(s.n_step - 1) * s.num_envs, refresh_every=s.chunk_size)
+
+    def _rate_limited(self, rows: int, draw: Callable[[], T]) -> T:
+        """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
+        waits until the limit allows them, draws, counts them. Raises ``RateLimitTimeout`` (the RNG then
+        as before the call). Every path that hands out sampled rows goes through here (a sequence counts
+        as one row: its start)."""
+        lim = self._limiter
+        if lim is None:
+            return draw()
+        lim.check_batch(rows)
+        self._sync()  # the writer's len(store) is published before the limit is read
+        start = lim.wait_until_allowed(rows)  # nothing drawn, nothing counted while the limit says no
+        # Only the writer can be refused after drawing (another process took the room: it cannot wait on
+        # itself): keep its RNG state to give back. A reader would wait, holding the rows it drew.
+        before = dict(self._drawer.rng.bit_generator.state) if lim.writer else None
+        out = draw()
+        try:
+            lim.acquire(rows, start)
+        except BaseException:
+            if before is not None:
+                self._drawer.rng.bit_generator.state = before
+            raise
+        return out
+
+    def _limit_handout(self, rows: int) -> None:
+        """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
+        self._sync()
+        if self._limiter is not None:
+            self._limiter.check_batch(rows)
+            self._limiter.acquire(rows)
+
+    def _limit_insert(self, n: int) -> None:
+        """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
+        lim = self._limiter
+        if lim is not None and n and not lim.insert_ok(n):
+            lim.before_insert(n)
+
+    def _count_insert(self, n: int) -> None:
+        """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
+        lim = self._limiter
+        if lim is not None and n and lim.after_insert(n):
+            self._sync()
+
+    def can_sample(self, batch_size: int) -> bool:
+        """Whether the rate limit allows ``sample(batch_size)`` now, without waiting (True without a limit).
+
+        Only the limit's answer: ``len(store)`` (of the writing store) >= ``min_size`` and
+        ``sampled + batch_size <= samples_per_insert * inserted + error_buffer``.
+        """
+        self._check_open()
+        b = _inputs.batch_size_arg(batch_size)
+        if self._limiter is None:
+            return True
+        self._sync()
+        return self._limiter.can_sample(b)
+
+    def can_insert(self) -> bool:
+        """Whether the rate limit allows the next ``step()`` now, without waiting (True without a limit):
+        ``samples_per_insert * (inserted + n) <= sampled + error_buffer + samples_per_insert * min_size``
+        for the n transitions it would store."""
+        writer = self._check_writable()
+        return self._limiter is None or self._limiter.can_insert(writer.stored_by_next_step())
 
     # -- invalidation ------------------------------------------------------------------------------------
     def invalidate(self, ids: Any) -> int:
@@ -367,15 +461,19 @@ class ReplayStore:
 
         Nothing written before is sampled, gathered, listed by ``episodes()``/``to_arrow()`` or exported
         again; ids keep counting up, and episodes still open go on (their next transitions are kept, their
-        stacks still read the frames before).
+        stacks still read the frames before). A rate limit's counts start again from zero.
         """
         self._check_writable()
         self._sync()
         self._after_validity_change(self._parts.log.index.clear())
+        if self._limiter is not None:
+            self._limiter.reset(self._parts.log.index.n_valid)
 
     def _after_validity_change(self, dropped: np.ndarray) -> None:
         self._parts.sampler.slots_cleared(dropped)
         self._drawer.discard_pending()  # drawn rows may have just been invalidated
+        if self._limiter is not None:
+            self._limiter.publish_size(self._parts.log.index.n_valid)
 
     # -- tables ------------------------------------------------------------------------------------------
     def _table_columns(self) -> dict[str, np.ndarray]:
@@ -638,6 +736,8 @@ class ReplayStore:
             self._drawer.close()
             self._reader.close()
             self._parts.log.close()
+            if self._limiter is not None:
+                self._limiter.close()
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -654,6 +754,8 @@ class ReplayStore:
         new = self._parts.log.index.sync()
         if new.size:
             self._parts.sampler.added(new)
+        if self._limiter is not None and self._limiter.writer:
+            self._limiter.publish_size(self._parts.log.index.n_valid)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         plan = self._parts.log.index.plan(slots)

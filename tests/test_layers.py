@@ -12,7 +12,7 @@ LAYERS = [
     {"errors", "options", "synthetic", "native", "numeric"},
     {"storage"},
     {"layout", "plan", "episodes", "index"},
-    {"log", "reader", "batch", "prefetch", "statefiles", "snapshot", "_inputs", "tables"},
+    {"log", "reader", "batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
     {"sampling", "writer"},
     {"drawing", "durability"},
     {"store", "verify"},

@@ -25,8 +25,10 @@ MANIFEST = "manifest.json"
 
 def version_needed(body: dict[str, Any]) -> int:
     """The oldest format version that reads ``body`` right: 2 when it holds a validity record (version-1
-    readers would sample invalidated transitions)."""
-    return 2 if body.get("validity") else 1
+    readers would sample invalidated transitions) or a rate limit (version-1 processes would not count)."""
+    if body.get("validity") or (body.get("schema") or {}).get("rate_limit"):
+        return 2
+    return 1
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
