@@ -9,8 +9,8 @@ eight little-endian int64 that every process of the store maps:
     3 size            the writer's len(store), published as it changes                  writer only
     4 writer_pid      the process that has the store open for writing (0: none)         writer only
 
-Why the writer's ``step()`` needs no lock: samplers check and count under an exclusive ``flock`` on
-the file, so their checks and counts are atomic among themselves; ``inserted`` only grows (except
+Why the writer's ``step()`` needs no lock: samplers check, draw and count under an exclusive ``flock``
+on the file, so their checks and counts are atomic among themselves; ``inserted`` only grows (except
 when the writer resets it under that lock), and ``sampled_total`` only grows. A sampler's check that
 passed against the ``inserted`` it read still holds for any newer value, and the writer's check that
 passed against the ``sampled`` it read holds for any newer one. So both rules hold at every moment:
@@ -39,7 +39,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -53,6 +53,7 @@ READERS = "ratelimit.readers"
 SLOTS = 8
 INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID = range(5)
 POLL_MIN, POLL_MAX = 1e-4, 1e-3  # seconds between checks while a call waits (doubling)
+T = TypeVar("T")
 
 
 def _entry_counts(entry: dict[str, Any] | None) -> tuple[int, int, int, int]:
@@ -105,12 +106,16 @@ class RateLimiter:
         self._readers_fd = -1
         self._mm: mmap.mmap | None = None
         self._c: memoryview | None = None
+        self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
         self._problem = ""  # why counting is impossible here (a read-only directory), if it is
         self._ins = 0  # writer: inserted, as published
         self._allowed = -1  # writer: the largest inserted the last sampled count it read allows
         self._size_due = 0  # writer: inserted count at which the published size is refreshed
+        self._size = -1  # writer: the size last published
+        self._room = 2 * self._eb + self._spi * self._min  # the most rows ever available at once
         self._map(entry)
         if writer:
+            self._wc = self._counters()
             self._adopt(entry)
         else:
             self._join_readers()
@@ -206,25 +211,25 @@ class RateLimiter:
         self._ins = inserted
         self._allowed = -1
 
-    def insert_ok(self, n: int) -> bool:
-        """Whether a ``step()`` adding ``n`` transitions may proceed, by the bound last computed (cheap)."""
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more transitions fit under the bound last computed (the writer's cheap check)."""
         return self._ins + n <= self._allowed
 
-    def before_insert(self, n: int) -> None:
-        """Wait until ``n`` more transitions may be stored (the caller tried ``insert_ok`` first).
+    def inserting(self, n: int) -> None:
+        """Before a ``step()`` stores ``n`` transitions: returns at once while under the bound last computed,
+        else recomputes it from the shared count and waits until they fit.
 
         Raises ``RateLimitTimeout`` after ``timeout``, or at once when this store has sampled and no other
         store object is open to sample (only this process could allow the step).
         """
-        if self._can_insert(n):
-            return
-        if self.sampled_here and not self._readers_present():
-            raise RateLimitTimeout(
-                f"step() is not allowed by the rate limit ({self._insert_blocked(n)}), and no reader store is"
-                " open: only this store's own sample() could allow it, so waiting would never end. Sample"
-                " before stepping again (store.can_insert() says when), or sample from reader processes"
-                " (ReplayStore.open(path, mode='r'))")
-        self._wait(lambda: self._can_insert(n), lambda: self._insert_blocked(n), "step()")
+        if self._ins + n > self._allowed and not self._can_insert(n):
+            if self.sampled_here and not self._readers_present():
+                raise RateLimitTimeout(
+                    f"step() is not allowed by the rate limit ({self._insert_blocked(n)}), and no reader store is"
+                    " open: only this store's own sample() could allow it, so waiting would never end. Sample"
+                    " before stepping again (store.can_insert() says when), or sample from reader processes"
+                    " (ReplayStore.open(path, mode='r'))")
+            self._wait(lambda: self._can_insert(n), lambda: self._insert_blocked(n), "step()")
 
     def _can_insert(self, n: int) -> bool:
         """Recompute the writer's bound from the shared sampled count; whether ``n`` more fit under it."""
@@ -238,19 +243,20 @@ class RateLimiter:
         self._allowed = allowed
         return self._ins + n <= allowed
 
-    def after_insert(self, n: int) -> bool:
+    def inserted(self, n: int) -> bool:
         """``n`` transitions were stored; whether the published size is due for a refresh (sync, then
         ``publish_size``)."""
         self._ins += n
-        self._counters()[INSERTED] = self._ins
+        self._wc[INSERTED] = self._ins
         return self._ins >= self._size_due
 
     def publish_size(self, size: int) -> None:
         """The writer's ``len(store)`` now. While it is below ``min_size`` the next refresh is due once
         enough transitions could have become sampleable; above it, once per chunk of inserts."""
-        c = self._counters()
-        if c[SIZE] != size:
-            c[SIZE] = size
+        if size == self._size and self._ins < self._size_due:
+            return  # (called after every sync: most of the time nothing changed)
+        self._size = size
+        self._wc[SIZE] = size
         if size >= self._min:
             self._size_due = self._ins + self._refresh
         else:
@@ -266,6 +272,7 @@ class RateLimiter:
             self._unlock()
         self._ins = 0
         self._allowed = -1
+        self._size = -1  # publish afresh (the refresh schedule counted the old inserts)
         self.publish_size(size)
 
     def state(self) -> dict[str, int]:
@@ -280,60 +287,63 @@ class RateLimiter:
     # -- samplers ----------------------------------------------------------------------------------------
     def check_batch(self, rows: int) -> None:
         """Refuse a batch the limit can never allow, whatever the processes do (``ValueError``)."""
-        room = 2 * self._eb + self._spi * self._min
+        room = self._room
         if rows > room:
             raise ValueError(
                 f"a batch of {rows} rows can never be allowed by the rate limit: at most 2 * error_buffer +"
                 f" samples_per_insert * min_size = {room:g} rows are ever available at once; sample smaller"
                 f" batches or create the store with error_buffer >= {math.ceil((rows - self._spi * self._min) / 2):,}")
 
-    def wait_until_allowed(self, rows: int) -> float:
-        """Wait, without counting, until ``rows`` more rows may be handed out; returns when the wait began
-        (for ``acquire``). Raises like ``acquire``."""
-        start = time.monotonic()
-        if not self.can_sample(rows):
-            self._refuse_writer(rows)
-            self._wait(lambda: self.can_sample(rows), lambda: self._sample_blocked(rows), f"sampling a batch of {rows}",
-                       start)
-        return start
-
-    def acquire(self, rows: int, start: float | None = None) -> None:
-        """Wait until ``rows`` more rows may be handed out, then count them (``start``: when the caller's
-        wait began, for the timeout).
+    def sample(self, rows: int, draw: Callable[[], T]) -> T:
+        """Hand out ``rows`` rows chosen by ``draw()``: waits until the limit allows them, then draws and
+        counts them under the counters' lock, so no other process takes the room between the check and
+        the count, and a refused call draws nothing (the sampling RNG does not move). If ``draw`` raises,
+        nothing is counted.
 
         Raises ``RateLimitTimeout`` after ``timeout``; on the writing store at once (only its own
         ``step()`` could allow the rows).
         """
-        if not self._try_sample(rows):
-            self._refuse_writer(rows)
-            self._wait(lambda: self._try_sample(rows), lambda: self._sample_blocked(rows),
-                       f"sampling a batch of {rows}", start)
-        if self.writer:
-            self.sampled_here = True
+        c = self._c
+        if c is None:
+            raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # (the first try inline: this is every sample's path)
+        try:
+            if c[SIZE] >= self._min and c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + rows <= self._spi * c[INSERTED] + self._eb:
+                out = draw()
+                c[SAMPLED_TOTAL] += rows
+                self.sampled_here = self.writer
+                return out
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return self._sample_waiting(rows, draw)
 
-    def _refuse_writer(self, rows: int) -> None:
+    def _sample_waiting(self, rows: int, draw: Callable[[], T]) -> T:
         if self.writer:
             raise RateLimitTimeout(
                 f"sampling a batch of {rows} from the writing store is not allowed by the rate limit"
                 f" ({self._sample_blocked(rows)}), and only this store's own step() could allow it, so"
                 f" waiting would never end. Step more before sampling (store.can_sample({rows}) says"
                 " when), or sample from reader processes (ReplayStore.open(path, mode='r'))")
+        out: list[T] = []
+
+        def attempt() -> bool:
+            c = self._lock()
+            try:
+                if not self._sample_allowed(c, rows):
+                    return False
+                out.append(draw())
+                c[SAMPLED_TOTAL] += rows
+                return True
+            finally:
+                self._unlock()
+
+        # poll without the lock; take it only when the rows look allowed
+        self._wait(lambda: self.can_sample(rows) and attempt(), lambda: self._sample_blocked(rows),
+                   f"sampling a batch of {rows}")
+        return out[0]
 
     def _sample_allowed(self, c: memoryview, rows: int) -> bool:
         return c[SIZE] >= self._min and c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + rows <= self._spi * c[INSERTED] + self._eb
-
-    def _try_sample(self, rows: int) -> bool:
-        c = self._counters()
-        if not self._sample_allowed(c, rows):  # cheap look without the lock first (a waiting reader polls)
-            return False
-        self._lock()
-        try:
-            if not self._sample_allowed(c, rows):
-                return False
-            c[SAMPLED_TOTAL] += rows
-            return True
-        finally:
-            self._unlock()
 
     def can_sample(self, rows: int) -> bool:
         return self._sample_allowed(self._counters(), rows)
@@ -352,10 +362,9 @@ class RateLimiter:
             self._unlock()
 
     # -- waiting and messages -----------------------------------------------------------------------------
-    def _wait(self, attempt: Callable[[], bool], blocked: Callable[[], str], what: str,
-              start: float | None = None) -> None:
+    def _wait(self, attempt: Callable[[], bool], blocked: Callable[[], str], what: str) -> None:
         timeout = self.options.timeout
-        start = time.monotonic() if start is None else start
+        start = time.monotonic()
         delay = POLL_MIN
         while True:
             waited = time.monotonic() - start

@@ -323,15 +323,17 @@ class ReplayStore:
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
         writer = self._check_writable()
-        if self._limiter is not None:
-            n = writer.stored_by_next_step()
-            self._limit_insert(n)
+        lim = self._limiter
+        if lim is not None:  # the rate limit (_limit_insert and _count_insert, inlined: the hot path)
+            n = writer.stored_by_next_step() if self._schema.vector else 1
+            if not lim.fits(n) and writer.stored_by_next_step():  # (no wait for a step that will raise)
+                lim.inserting(n)
         try:
             writer.step(action, reward, next_obs, terminated, truncated, extras)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a transition") from exc
-        if self._limiter is not None:
-            self._count_insert(n)
+        if lim is not None and n and lim.inserted(n):
+            self._sync()
 
     # -- reading ---------------------------------------------------------------------------------------
     def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
@@ -380,44 +382,34 @@ class ReplayStore:
 
     def _rate_limited(self, rows: int, draw: Callable[[], T]) -> T:
         """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
-        waits until the limit allows them, draws, counts them. Raises ``RateLimitTimeout`` (the RNG then
-        as before the call). Every path that hands out sampled rows goes through here (a sequence counts
-        as one row: its start)."""
+        waits until the limit allows them, then draws and counts them under the counters' lock. A refused
+        call raises ``RateLimitTimeout`` having drawn nothing (the RNG does not move). Every path that
+        hands out sampled rows calls this (a sequence counts as one row: its start)."""
         lim = self._limiter
         if lim is None:
             return draw()
         lim.check_batch(rows)
-        self._sync()  # the writer's len(store) is published before the limit is read
-        start = lim.wait_until_allowed(rows)  # nothing drawn, nothing counted while the limit says no
-        # Only the writer can be refused after drawing (another process took the room: it cannot wait on
-        # itself): keep its RNG state to give back. A reader would wait, holding the rows it drew.
-        before = dict(self._drawer.rng.bit_generator.state) if lim.writer else None
-        out = draw()
-        try:
-            lim.acquire(rows, start)
-        except BaseException:
-            if before is not None:
-                self._drawer.rng.bit_generator.state = before
-            raise
-        return out
+        if lim.writer:
+            self._sync()  # its len(store) is published before the limit is read
+        return lim.sample(rows, draw)
 
     def _limit_handout(self, rows: int) -> None:
         """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
         self._sync()
         if self._limiter is not None:
             self._limiter.check_batch(rows)
-            self._limiter.acquire(rows)
+            self._limiter.sample(rows, lambda: None)
 
     def _limit_insert(self, n: int) -> None:
         """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
         lim = self._limiter
-        if lim is not None and n and not lim.insert_ok(n):
-            lim.before_insert(n)
+        if lim is not None and n:
+            lim.inserting(n)
 
     def _count_insert(self, n: int) -> None:
         """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
         lim = self._limiter
-        if lim is not None and n and lim.after_insert(n):
+        if lim is not None and n and lim.inserted(n):
             self._sync()
 
     def can_sample(self, batch_size: int) -> bool:
