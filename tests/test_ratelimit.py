@@ -453,3 +453,51 @@ def test_a_writer_and_readers_in_processes_hold_the_ratio_at_every_moment(tmp_pa
     # the readers kept up: the writer finished, so they drained the allowance to within one batch
     assert P_SPI * ins + P_EB - P_B < sampled <= P_SPI * ins + P_EB
     assert len(seen["r0"]) + len(seen["r1"]) == sampled // P_B
+
+
+def test_a_vector_step_counts_the_transitions_it_stores(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=1000, obs_shape=(1,), num_envs=3, chunk_size=63,
+                              rate_limit=mr.RateLimit(1.0, 5, 3.0, timeout=0))
+    s.reset(np.zeros((3, 1), np.uint8))
+
+    def step(term: list[bool]) -> None:
+        s.step([0, 0, 0], [1.0] * 3, np.ones((3, 1), np.uint8), term, [False] * 3)
+
+    step([False, False, False])
+    step([True, False, False])  # 6 <= 0 + 3 + 5
+    assert _counts(s)[0] == 6 and s.can_sample(6) and not s.can_sample(10)
+    assert s.can_insert()  # env 0 auto-resets: this step stores 2, and 6 + 2 <= 8
+    step([False, False, False])
+    assert _counts(s)[0] == 8 and not s.can_insert()
+    with pytest.raises(mr.RateLimitTimeout, match=r"\(inserted 8 \+ 3\)"):
+        step([False, False, False])
+    s.close()
+
+
+def _forked_sampler(s: mr.ReplayStore, q: mp.Queue, go: mp.Event) -> None:
+    s.sample(4)  # the inherited writing store samples as a reader in the child
+    q.put(s.inspect()["rate_limit"]["sampled"])
+    go.wait(30)
+
+
+def test_a_forked_child_samples_as_a_reader(tmp_path):
+    s = _create(tmp_path / "s", timeout=0.3)
+    for t in range(13):
+        _step(s, t)
+    s.sample(2)
+    s.commit()
+    ctx = mp.get_context("fork")
+    q, go = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_forked_sampler, args=(s, q, go))
+    p.start()
+    assert q.get(timeout=60) == 6 and _counts(s)[1] == 6  # counted live, in the parent too
+    for t in range(13, 16):  # 2 * 16 <= 6 + 6 + 20
+        _step(s, t)
+    with pytest.raises(mr.RateLimitTimeout, match=r"step\(\) waited 0.3 s"):  # the child could sample: wait
+        _step(s, 16)
+    go.set()
+    p.join(60)
+    assert p.exitcode == 0
+    with pytest.raises(mr.RateLimitTimeout, match="no reader store is open"):  # now nobody could
+        _step(s, 16)
+    s.close()
