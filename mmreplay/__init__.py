@@ -24,8 +24,7 @@ from .options import Prioritized, RateLimit
 from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "Batch",

@@ -7,6 +7,7 @@ nothing. Messages say what was expected, what came, and what to change.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Literal
 
 import numpy as np
@@ -14,6 +15,7 @@ import numpy as np
 from .options import Schema
 
 Casting = Literal["safe", "same_kind"]
+_F32_MAX = float(np.finfo(np.float32).max)
 
 
 def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casting: Casting, hint: str) -> np.ndarray:
@@ -47,6 +49,8 @@ class Inputs:
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
+        # bytes of one sampled row: obs and next_obs stacks plus the small columns
+        self.row_bytes = 2 * schema.stack * schema.frame_bytes + 64
         self.batched = schema.vector
         self.lead: tuple[int, ...] = (schema.num_envs,) if schema.vector else ()
         self.batch_hint = f" (num_envs={schema.num_envs} first)" if schema.vector else ""
@@ -69,19 +73,34 @@ class Inputs:
 
     def reward(self, value: Any) -> np.ndarray | float:
         if not self.batched:
+            if isinstance(value, (str, bytes)) or (isinstance(value, np.ndarray) and value.shape != ()):
+                raise TypeError(f"reward: expected a real number, got {type(value).__name__} {value!r}")
             try:
                 r = float(value)
             except (TypeError, ValueError):
                 raise TypeError(f"reward: expected a real number, got {type(value).__name__} {value!r}") from None
             if not math.isfinite(r):
                 raise ValueError(f"reward: expected a finite number, got {r}")
+            if abs(r) > _F32_MAX:
+                raise ValueError(f"reward: {r!r} overflows float32 (rewards are stored as float32, |r| <= 3.4e38);"
+                                 " scale the rewards down")
             return r
         arr = _array("reward", value, self.lead, np.dtype(np.float64), "same_kind", self.batch_hint)
-        return arr.astype(np.float64)
+        arr = arr.astype(np.float64)
+        big = np.flatnonzero(np.abs(arr) > _F32_MAX)
+        if big.size and np.isfinite(arr[big[0]]):
+            raise ValueError(f"reward: {arr[big[0]]!r} for env {big[0]} overflows float32 (rewards are stored as"
+                             " float32, |r| <= 3.4e38); scale the rewards down")
+        return arr
 
     def flag(self, name: str, value: Any) -> np.ndarray | bool:
         if not self.batched:
-            if isinstance(value, (bool, np.bool_)) or value in (0, 1):
+            if isinstance(value, (bool, np.bool_)):
+                return bool(value)
+            if isinstance(value, np.ndarray) and value.shape != ():
+                raise ValueError(f"{name}: expected one bool (this store has one env stream), got an array of shape"
+                                 f" {value.shape}; create the store with num_envs=N for batched input")
+            if isinstance(value, (int, np.integer, np.ndarray)) and not isinstance(value, str) and value in (0, 1):
                 return bool(value)
             raise TypeError(f"{name}: expected a bool, got {type(value).__name__} {value!r}")
         arr = np.asarray(value)
@@ -111,10 +130,26 @@ def ids_array(ids: Any, name: str = "index") -> np.ndarray:
         raise ValueError(f"{name}: expected a 1-D array of transition ids, got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected integer transition ids, got dtype {arr.dtype}")
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        bad = int(np.flatnonzero(arr > np.iinfo(np.int64).max)[0])
+        raise ValueError(f"{name}[{bad}] = {arr[bad]} is not a transition id (ids are int64 >= 0)")
     return arr.astype(np.int64, copy=False)
 
 
-def batch_size_arg(batch_size: Any) -> int:
+def batch_size_arg(batch_size: Any, row_bytes: int = 0) -> int:
+    """A positive batch size whose rows (``row_bytes`` each) fit in half of this machine's memory, so an
+    absurd size is refused before anything is drawn (the sampling RNG does not advance)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    if row_bytes and int(batch_size) * row_bytes > _memory_budget():
+        raise ValueError(f"batch_size={batch_size} needs {int(batch_size) * row_bytes / 2**30:,.1f} GiB for its rows,"
+                         f" more than half of this machine's memory ({2 * _memory_budget() / 2**30:,.1f} GiB);"
+                         " ask for fewer rows")
     return int(batch_size)
+
+
+def _memory_budget() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):
+        return 2**34

@@ -1,4 +1,4 @@
-"""The reference workload of DESIGN.md §5, as functions the CLI and ``tools/`` benchmarks share.
+"""The reference workload, as functions the CLI (``mmreplay bench``) and ``tools/`` benchmarks share.
 
 84x84 uint8 frames, stack 4, n-step 3, gamma 0.99, episodes of 100..3000
 steps, batches of 32. Frames come from a pool of generated Atari-like frames
@@ -45,13 +45,19 @@ def rss_anon_mb() -> float:
 
 
 def disk_bytes(path: str) -> int:
+    """Bytes of disk the files under ``path`` occupy (allocated blocks; a hard-linked file counts once:
+    snapshots hard-link the sealed chunks of their store)."""
     total = 0
+    seen: set[tuple[int, int]] = set()
     for root, _, files in os.walk(path):
         for name in files:
             try:
-                total += os.stat(os.path.join(root, name)).st_blocks * 512
+                st = os.stat(os.path.join(root, name))
             except FileNotFoundError:
-                pass
+                continue
+            if (st.st_dev, st.st_ino) not in seen:
+                seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
     return total
 
 

@@ -9,20 +9,28 @@ import os
 from typing import Any
 
 from .bench import disk_bytes
-from .cli import out
-from .errors import NotAStoreError
+from .cli import out, positive_int, require_store
+from .errors import NotAStoreError, StoreNotFoundError
 from .storage.manifest import read_manifest
 from .store import ReplayStore
 from .verify import verify_store
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    if "://" not in args.path and not os.path.exists(args.path):  # URLs: remote zarr datasets
+        raise StoreNotFoundError(f"{args.path}: no such store, snapshot or dataset")
     try:
         s = ReplayStore.open(args.path, mode="r")
     except NotAStoreError:
-        from .datasets import describe  # a dataset (zarr, HDF5, Minari, DQN replay) rather than a store
+        # a dataset (zarr, HDF5, Minari, DQN replay) rather than a store
+        from .datasets import DatasetError, describe
 
-        for line in describe(args.path):
+        try:
+            lines = describe(args.path)
+        except DatasetError as exc:
+            raise NotAStoreError(f"{args.path}: neither an mmreplay store (no manifest.json) nor a dataset that"
+                                 f" mmreplay reads ({exc})") from None
+        for line in lines:
             out(line)
         return 0
     with s:
@@ -36,7 +44,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         out(f"n-step      {sch.n_step}, gamma {sch.gamma}")
         out(f"extras      {', '.join(f'{e.name} {e.shape} {e.dtype}' for e in sch.extras) or '-'}")
         out(f"envs        {sch.num_envs}")
-        out(f"prioritized {'-' if sch.prioritized is None else sch.prioritized.to_json()}")
+        out(f"prioritized {_prioritized(s)}")
         out(f"capacity    {sch.capacity:,} transitions; chunks of {sch.chunk_size:,} slots,"
             f" {len(doc['chunks'])} retained")
         out(f"ids         {lo:,}..{hi - 1:,} retained ({hi - lo:,}), {len(s):,} sampleable")
@@ -55,7 +63,17 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prioritized(s: ReplayStore) -> str:
+    """The prioritized options with the committed beta (``store.beta`` is annealed and saved by commit)."""
+    p = s.schema.prioritized
+    if p is None:
+        return "- (uniform sampling)"
+    return (f"alpha {p.alpha:g}, beta {s.beta:g} (committed; {p.beta:g} at create), eps {p.eps:g};"
+            f" max priority {s.max_priority:.4g}")
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
+    require_store(args.path)
     problems = verify_store(args.path)
     for p in problems:
         out(f"PROBLEM  {p}")
@@ -76,13 +94,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    i = sub.add_parser("info", parents=[common], help="schema, counters and size of a store")
-    i.add_argument("path")
+    i = sub.add_parser("info", parents=[common], help="schema, counters and size of a store or snapshot; episodes,"
+                       " steps, returns and shapes of a dataset (zarr, D4RL HDF5, Minari, DQN replay)")
+    i.add_argument("path", help="a store or snapshot directory, or a dataset: an mmreplay zarr directory, a D4RL"
+                   " HDF5 file, a Minari dataset directory, or a directory of Dopamine replay checkpoints")
     i.set_defaults(func=cmd_info)
     v = sub.add_parser("verify", parents=[common], help="check every file of a store or snapshot; exit 1 on problems")
     v.add_argument("path")
     v.set_defaults(func=cmd_verify)
-    b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity")
-    b.add_argument("--capacity", type=int, default=20_000)
+    b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity",
+                       description="Append, sample(32) and memory figures of the reference workload (84x84 uint8"
+                       " frames, stack 4, n-step 3, gamma 0.99, episodes of 100..3000 steps, batches of 32) at a"
+                       " small capacity. The full benchmarks are scripts in tools/ (see BENCHMARKS.md).")
+    b.add_argument("--capacity", type=positive_int, default=20_000,
+                   help="store capacity in transitions (default: 20000); the store is filled to 1.1x it,"
+                        " about 71 MB of frames per 10,000 transitions, deleted afterwards")
     b.add_argument("--path", help="scratch directory (default: a temporary directory, removed afterwards)")
     b.set_defaults(func=cmd_bench)

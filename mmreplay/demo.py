@@ -1,10 +1,12 @@
 """``mmreplay demo``: the whole story in one command.
 
 Record a few thousand steps of a real Gymnasium env into a store (an Atari game through ``ale-py``
-when it is installed, CartPole with Gymnasium alone, generated Atari-like episodes with neither),
-sample it, save a snapshot, resume from it and check that the resumed store samples exactly what
-the original does, export a dataset, and draw ``show``/``stats`` pictures (with Pillow). Prints
-what it did and where the files are.
+when the ``[atari]`` extra is installed, CartPole with Gymnasium alone (``[gym]``), generated
+Atari-like episodes with neither), sample it, save a snapshot, resume from it and check that the
+resumed store samples exactly what the original does, export a dataset, and draw ``show``/``stats``
+pictures when Pillow (``[image]``) is installed. It says up front which of these it will do and
+why, and where its files go: a temporary directory removed at the end unless a PATH or ``--keep``
+is given.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -19,14 +22,21 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
 from .bench import disk_bytes, rss_anon_mb
-from .cli import out, progress
+from .cli import out, positive_int, progress
 from .datasets import export
 from .store import ReplayStore
 from .synthetic import atari_like_episodes
+from .version import __version__
 
 ENVS = ("auto", "atari", "cartpole", "synthetic")
+MIN_STEPS = 100  # enough for sample(32) of 3-step transitions
+ENV_LINES = {
+    "atari": "ALE/Pong-v5 through ale-py (the [atari] extra)",
+    "cartpole": "CartPole-v1 through Gymnasium (the [gym] extra; pip install 'mmreplay[atari]' adds Atari)",
+    "synthetic": "generated Atari-like episodes (core dependencies only; pip install 'mmreplay[gym]' adds"
+                 " CartPole, 'mmreplay[atari]' an Atari game)",
+}
 
 
 def _have(module: str) -> bool:
@@ -104,12 +114,37 @@ def _same(a: Any, b: Any) -> bool:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     kind = pick_env(args.env)
-    root = args.path or tempfile.mkdtemp(prefix="mmreplay-demo-")
+    if args.steps < MIN_STEPS:
+        raise ValueError(f"--steps: expected at least {MIN_STEPS} (the demo samples batches of 32 3-step"
+                         f" transitions), got {args.steps}")
+    pictures = _have("PIL")
+    temporary = args.path is None
+    root = tempfile.mkdtemp(prefix="mmreplay-demo-") if temporary else args.path
     os.makedirs(root, exist_ok=True)
+    keep = args.keep or not temporary
+    out(f"mmreplay {__version__} demo: 1 record, 2 sample, 3 snapshot and resume, 4 export, 5 pictures")
+    out(f"   env       {ENV_LINES[kind]}")
+    out("   pictures  " + ("drawn with Pillow (the [image] extra)" if pictures else
+                           "skipped: Pillow is not installed (pip install 'mmreplay[image]' adds them)"))
+    if keep:
+        out(f"   files in  {root} (kept afterwards)")
+    else:
+        out(f"   files in  {root} (a temporary directory, removed at the end; give a PATH or --keep to keep it)")
+    try:
+        _story(kind, root, pictures, keep, args)
+    finally:
+        if not keep:
+            size = disk_bytes(root)
+            shutil.rmtree(root, ignore_errors=True)
+            out(f"removed {root} ({size / 2**20:,.1f} MiB); run 'mmreplay demo PATH' (or add --keep) to keep the files")
+    if keep:
+        out(f"kept {root} ({disk_bytes(root) / 2**20:,.1f} MiB); remove it with: rm -r {root}")
+    return 0
+
+
+def _story(kind: str, root: str, pictures: bool, keep: bool, args: argparse.Namespace) -> None:
     paths = {name: os.path.join(root, name) for name in ("store", "snapshot", "resumed", "dataset.zarr",
                                                          "sample.png", "stats.png")}
-    out(f"mmreplay {__version__} demo, files in {root}")
-
     # 1. record
     t0 = time.perf_counter()
     if kind == "synthetic":
@@ -149,33 +184,40 @@ def cmd_demo(args: argparse.Namespace) -> int:
     result, t_exp = _timed(lambda: export(store, paths["dataset.zarr"], format="zarr", progress=not args.quiet))
     out(f"4. exported in {t_exp:.1f} s: {result.summary()}")
 
-    # 5. pictures
+    # 5. pictures (Pillow), and the numbers behind the stats picture
     from .viz import show_image, stats_image, stats_text, store_stats
 
     s = store_stats(store)
-    starts = table.first_id[table.start_retained & (table.first_id >= 0) & (table.length >= store.schema.n_step)]
-    ids = np.concatenate([starts[:1], np.sort(store.sample(3).index)]) if starts.size else store.sample(4).index
-    try:
+    if pictures:
+        starts = table.first_id[table.start_retained & (table.first_id >= 0) & (table.length >= store.schema.n_step)]
+        ids = np.concatenate([starts[:1], np.sort(store.sample(3).index)]) if starts.size else store.sample(4).index
         show_image(store, store.gather(ids)).save(paths["sample.png"])
         stats_image(s).save(paths["stats.png"])
         out(f"5. pictures: {paths['sample.png']} (rows {', '.join(map(str, ids.tolist()))}; the first one starts an"
             f" episode: its padding is outlined), {paths['stats.png']}")
-    except ImportError as exc:
-        out(f"5. pictures skipped: {exc}")
+    else:
+        out("5. pictures skipped (pip install 'mmreplay[image]' adds them); the numbers:")
     for line in stats_text(s)[1:]:
         out("   " + line)
     store.close()
-    out(f"next: mmreplay info {paths['store']}; mmreplay show {paths['store']} --out sample.png;"
-        f" mmreplay stats {paths['store']}")
-    return 0
+    if keep:
+        out(f"next: mmreplay info {paths['store']}; mmreplay show {paths['store']} --out sample.png;"
+            f" mmreplay stats {paths['store']}")
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     d = sub.add_parser("demo", parents=[common], help="record a real env (or generated episodes), sample, save,"
-                       " resume, export, draw; print where everything is")
-    d.add_argument("path", nargs="?", help="directory for the demo's files (default: a new temporary directory)")
+                       " resume, export, draw (with [image]); print where everything is",
+                       description="Record, sample, snapshot and resume, export, and draw pictures, saying what"
+                       " each step shows. The env is an Atari game with the [atari] extra, CartPole with [gym],"
+                       " generated Atari-like episodes with neither; pictures need Pillow (the [image] extra)."
+                       " Without PATH the files go to a temporary directory that is removed at the end.")
+    d.add_argument("path", nargs="?", help="directory for the demo's files, kept afterwards (default: a new"
+                   " temporary directory, removed at the end)")
+    d.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     d.add_argument("--env", choices=ENVS, default="auto", help="auto: Atari with ale-py, CartPole with"
                    " gymnasium, else generated episodes")
-    d.add_argument("--steps", type=int, default=3000, help="environment steps to record (default: 3000)")
-    d.add_argument("--capacity", type=int, default=10_000, help="store capacity in transitions (default: 10000)")
+    d.add_argument("--steps", type=positive_int, default=3000,
+                   help=f"environment steps to record (default: 3000, at least {MIN_STEPS})")
+    d.add_argument("--capacity", type=positive_int, default=10_000, help="store capacity in transitions (default: 10000)")
     d.set_defaults(func=cmd_demo)

@@ -32,7 +32,7 @@ from .log import ChunkLog
 from .options import Schema
 from .ratelimit import RateLimiter, initial_files
 from .sampling import Sampler
-from .statefiles import STATE_DIR, StateDir, referenced_files, remove_unreferenced
+from .statefiles import STATE_DIR, StateDir, checksums, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
 
 T = TypeVar("T")
@@ -80,6 +80,7 @@ class Durability:
         self.snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
         self.validity: dict[str, Any] | None = manifest.get("validity")  # the committed validity record
         self.rate_counts: dict[str, Any] | None = manifest.get("rate_limit")  # the committed rate-limit counts
+        self.state_crcs: dict[str, int] = dict(manifest.get("state_crc32") or {})
 
     # -- failures --------------------------------------------------------------------------------------
     def fail(self, exc: OSError, doing: str) -> StoreIOError:
@@ -99,7 +100,8 @@ class Durability:
     # -- commit ----------------------------------------------------------------------------------------
     def body(self, parts: Parts, generation: int, root: str, metadata: dict[str, Any],
              delta: bool = False) -> dict[str, Any]:
-        """The manifest body describing the parts' current state (state files written under ``root``)."""
+        """The manifest body describing the parts' current state (state files written under ``root``;
+        ``delta``: a commit in place, whose state may build on the files of earlier commits)."""
         files = StateDir(root, generation)
         body = {"generation": generation, "committed_at": time.time(), "schema": self.schema.to_json(),
                 "metadata": metadata, "snapshots": self.snapshots,
@@ -112,6 +114,7 @@ class Durability:
             body["rate_limit"] = parts.limiter.state()
         elif self.rate_counts is not None:  # a reader's snapshot: the counts of the commit it holds
             body["rate_limit"] = self.rate_counts
+        body["state_crc32"] = checksums(body, self.state_crcs if delta else {}, files.written)
         return body
 
     def validity_entry(self, index: Index, files: StateDir, in_place: bool) -> dict[str, Any] | None:
@@ -138,30 +141,62 @@ class Durability:
             raise self.fail(exc, "committing") from exc
         self.generation, self.committed_at = gen, body["committed_at"]
         self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
+        self.state_crcs = body["state_crc32"]
         parts.log.index.validity_changed = False
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))
 
     def save(self, parts: Parts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None) -> str:
-        """Write a consistent snapshot of the parts' state to ``snapshot_dir``; return its absolute path."""
+        """Write a consistent snapshot of the parts' state to ``snapshot_dir``; return its absolute path.
+
+        A disk error leaves no partial snapshot (a new directory is removed; an existing snapshot keeps
+        its previous generation, whose files are untouched) and turns the store read-only.
+        """
         target = os.path.abspath(snapshot_dir)
         gen = snapshot.existing_generation(target) + 1
-        parts.log.wait_sealed()
-        os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
-        body = self.body(parts, gen, target, metadata)
-        columns = [c.name for c in parts.log.ring.columns]
-        body["chunks"] = snapshot.write_snapshot_chunks(self.path, target, body["chunks"], columns, gen)
-        saved_at = time.time()
-        body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self.path), "store_generation": self.generation,
-                                       "saved_at": saved_at}
-        write_manifest(target, body)
+        new_dir = not os.path.exists(target)
+        try:
+            parts.log.wait_sealed()
+            os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
+            body = self.body(parts, gen, target, metadata)
+            columns = [c.name for c in parts.log.ring.columns]
+            body["chunks"] = snapshot.write_snapshot_chunks(self.path, target, body["chunks"], columns, gen)
+            saved_at = time.time()
+            body[snapshot.SNAPSHOT_KEY] = {"path": os.path.abspath(self.path),
+                                           "store_generation": self.generation, "saved_at": saved_at}
+            write_manifest(target, body)
+        except OSError as exc:
+            _undo_snapshot(target, new_dir, gen)
+            raise self.fail(exc, f"saving a snapshot to {target}") from exc
         snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]}, set(referenced_files(body)))
         self.snapshots = [s for s in self.snapshots if s["path"] != target][-15:]
         self.snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
         if keep is not None:
             snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
         return target
+
+
+def _undo_snapshot(target: str, new_dir: bool, generation: int) -> None:
+    """Remove what a failed save wrote: the whole directory if it made it, else the files the previous
+    generation's manifest does not list (an empty directory it was given is emptied again)."""
+    if new_dir:
+        shutil.rmtree(target, ignore_errors=True)
+        return
+    try:
+        old = read_manifest(target, what="snapshot") if generation > 1 else None
+    except (OSError, ValueError):
+        return  # cannot tell what is old: leave everything (the old manifest still names its files)
+    if old is None:
+        for name in os.listdir(target):
+            if name in ("chunks", STATE_DIR) or name.startswith("manifest.json.tmp"):
+                full = os.path.join(target, name)
+                shutil.rmtree(full, ignore_errors=True) if os.path.isdir(full) else os.unlink(full)
+        return
+    snapshot.remove_unlisted(target, {c["name"] for c in old.get("chunks", [])}, set(referenced_files(old)))
+    for name in os.listdir(target):
+        if name.startswith("manifest.json.tmp"):
+            os.unlink(os.path.join(target, name))
 
 
 def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any]) -> None:
@@ -175,9 +210,10 @@ def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any])
             raise ValueError(f"create(): {path} is a file; give a new or empty directory")
         if os.listdir(path):
             if os.path.exists(os.path.join(path, "manifest.json")):
-                raise ValueError(f"create(): {path} already holds a store; continue it with"
-                                 f" ReplayStore.open({path!r}), or give a new directory")
-            raise ValueError(f"create(): {path} is not empty and is not a store; give a new or empty directory")
+                raise ValueError(f"create(): {path} already holds an mmreplay store; continue it with"
+                                 f" ReplayStore.open({path!r}), or give a new or empty directory")
+            raise ValueError(f"create(): {path} is not empty and not an mmreplay store; give a new or empty"
+                             " directory")
     body = {"generation": 0, "committed_at": time.time(), "schema": schema.to_json(), "rows": 0,
             "next_id": 0, "chunks": [], "rng": np.random.default_rng(seed).bit_generator.state,
             "metadata": metadata}

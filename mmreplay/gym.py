@@ -29,7 +29,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("mmreplay.gym needs gymnasium: pip install 'mmreplay[gym]'") from exc
 
-from .datasets.minari_format import space_json
+from .spaces import space_json
 from .store import ReplayStore
 
 __all__ = ["store_from_env", "RecordToStore", "RecordVectorToStore", "make_atari", "AtariFrames",
@@ -45,9 +45,27 @@ def space_layout(space: Any, what: str) -> tuple[tuple[int, ...], np.dtype]:
         return tuple(int(d) for d in space.shape), np.dtype(space.dtype)
     if isinstance(space, spaces.Discrete):
         return (), np.dtype(space.dtype)
-    raise TypeError(
-        f"{what}: mmreplay stores Box and Discrete spaces, got {type(space).__name__} ({space}); flatten it"
-        " (e.g. gymnasium.wrappers.FlattenObservation) or create the store with ReplayStore.create()")
+    raise TypeError(f"{what}: mmreplay stores Box and Discrete spaces, got {type(space).__name__} ({space});"
+                    f" {_unsupported_hint(space, what)}")
+
+
+def _unsupported_hint(space: Any, what: str) -> str:
+    """What to do about a space ``space_layout`` refuses: observation wrappers fit observations only."""
+    if what != "action space":
+        return "flatten it (e.g. gymnasium.wrappers.FlattenObservation) or create the store with ReplayStore.create()"
+    loop = "in your own loop (from_env and the recorders take Box and Discrete action spaces)"
+    if isinstance(space, (spaces.MultiDiscrete, spaces.MultiBinary)):
+        shape, dtype = tuple(int(d) for d in space.shape), np.dtype(space.dtype).name
+        return (f"store each action as one array: create the store with ReplayStore.create(path, capacity,"
+                f" obs_shape=..., action_shape={shape}, action_dtype={dtype!r}) and call store.reset()/store.step()"
+                f" {loop}")
+    try:
+        size = spaces.flatdim(space)
+    except (NotImplementedError, ValueError, TypeError):
+        return f"encode each action as one fixed-shape array for a store made with ReplayStore.create(), {loop}"
+    return (f"store each action flattened: create the store with ReplayStore.create(path, capacity, obs_shape=...,"
+            f" action_shape=({size},), action_dtype='float32') and pass gymnasium.spaces.flatten(space, action) to"
+            f" store.step() {loop}")
 
 
 def env_layout(env: Any) -> dict[str, Any]:

@@ -238,7 +238,9 @@ class Index:
             return
         bad = int(np.flatnonzero(~ok)[0])
         i = int(ids[bad])
-        if i < self.oldest_id:
+        if i < 0:
+            why = "is not a transition id (ids are >= 0)"
+        elif i < self.oldest_id:
             why = f"was evicted (oldest retained id is {self.oldest_id})"
         elif i >= self.next_id:
             why = f"was never issued (next id is {self.next_id})"

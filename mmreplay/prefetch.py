@@ -1,6 +1,6 @@
 """``store.batches()``: sampling with the next batches prepared in the background.
 
-Rule (DESIGN §2b): with ``prefetch=p``, batch ``i+p`` is *drawn* (ids, and
+Rule: with ``prefetch=p``, batch ``i+p`` is *drawn* (ids, and
 weights for prioritized stores) in the caller's thread at the moment batch
 ``i`` is handed out; copying its frames happens in a background thread. So
 the RNG is consumed in exactly the order of repeated ``sample()`` calls, and a

@@ -12,6 +12,7 @@ removes the ones no manifest refers to any more. Nothing is pickled.
 from __future__ import annotations
 
 import os
+import zlib
 from typing import Any
 
 import numpy as np
@@ -28,11 +29,12 @@ class StateDir:
     def __init__(self, root: str, generation: int) -> None:
         self.root = root
         self.generation = generation
+        self.written: dict[str, int] = {}  # relative path -> CRC-32 of the file, for the manifest
 
     def write(self, name: str, array: np.ndarray) -> str:
         """Write ``array`` durably; return its path relative to ``root`` (what the manifest records)."""
         rel = os.path.join(STATE_DIR, f"{name}.{self.generation:012d}.npy")
-        write_npy_atomic(os.path.join(self.root, rel), array)
+        self.written[rel] = write_npy_atomic(os.path.join(self.root, rel), array)
         return rel
 
     def read_table(self, rel: str, rows: int) -> np.ndarray:
@@ -58,6 +60,32 @@ def referenced_files(doc: dict[str, Any]) -> list[str]:
     """Every state file a manifest body refers to (relative paths)."""
     validity = doc.get("validity") or {}
     return priority_files(doc.get("priorities")) + ([validity["file"]] if validity.get("file") else [])
+
+
+def checksums(doc: dict[str, Any], earlier: dict[str, int], written: dict[str, int]) -> dict[str, int]:
+    """The manifest's ``state_crc32``: the CRC-32 of every state file ``doc`` refers to, from the files
+    just ``written`` or, for files an earlier commit wrote (a delta chain's base), from ``earlier``."""
+    known = {**earlier, **written}
+    return {rel: known[rel] for rel in referenced_files(doc) if rel in known}
+
+
+def check_files(root: str, doc: dict[str, Any]) -> list[str]:
+    """Problems with the state files a manifest refers to: missing, or not the bytes it recorded."""
+    problems = []
+    recorded = doc.get("state_crc32") or {}
+    for rel in referenced_files(doc):
+        path = os.path.join(root, rel)
+        if not os.path.exists(path):
+            problems.append(f"{path}: state file named by the manifest is missing")
+            continue
+        want = recorded.get(rel)
+        if want is not None:
+            with open(path, "rb") as f:
+                got = zlib.crc32(f.read())
+            if got != want:
+                problems.append(f"{path}: checksum {got:#010x} differs from the recorded {want:#010x}"
+                                " (the file was modified or damaged)")
+    return problems
 
 
 def remove_unreferenced(root: str, keep: set[str]) -> None:

@@ -77,6 +77,34 @@ class _RingEvents:
             store._reader.frames = store._parts.log.ring.arrays["obs"]
 
 
+class _Held:
+    """What an open store holds outside Python's memory (mappings, threads, the lock): released by
+    ``close()``, or when the store is dropped without it (then nothing is committed, as after a crash)."""
+
+    def __init__(self) -> None:
+        self.log: ChunkLog | None = None
+        self.reader: FrameReader | None = None
+        self.drawer: Drawer | None = None
+        self.limiter: RateLimiter | None = None
+        self.lock_fd: int | None = None
+
+    def release(self) -> None:
+        try:
+            if self.drawer is not None:
+                self.drawer.close()
+            if self.reader is not None:
+                self.reader.close()
+            if self.log is not None:
+                self.log.close()
+            if self.limiter is not None:
+                self.limiter.close()
+        finally:
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
+            self.log = self.reader = self.drawer = self.limiter = None
+            self.lock_fd = None
+
+
 class ReplayStore:
     """A disk-backed replay store. Build one with ``create``, ``open``, ``load`` (or ``from_env``).
 
@@ -94,7 +122,6 @@ class ReplayStore:
         self._path = path
         self._schema = schema
         self._mode = mode
-        self._lock_fd = lock_fd
         self._closed = False
         self._inputs = _inputs.Inputs(schema)
         self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
@@ -104,13 +131,16 @@ class ReplayStore:
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
         self._drawer = Drawer(manifest, seed)
+        self._held = _Held()
+        self._held.drawer, self._held.lock_fd = self._drawer, lock_fd
+        self._release = weakref.finalize(self, self._held.release)
         self._writer: EpisodeWriter | None = None
-        self._limiter = self._make_limiter(manifest)
         try:
+            self._limiter = self._held.limiter = self._make_limiter(manifest)
             self._attach(manifest)
         except BaseException:
-            if self._limiter is not None:
-                self._limiter.close()
+            self._held.lock_fd = None  # open() closes it
+            self._release()
             raise
         if self._limiter is not None and mode == "r+":
             self._limiter.publish_size(self._parts.log.index.n_valid)
@@ -135,6 +165,7 @@ class ReplayStore:
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead)
+        self._held.log, self._held.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
 
@@ -347,7 +378,7 @@ class ReplayStore:
         ``batch_size`` more rows, or raise ``RateLimitTimeout`` (see ``RateLimit``).
         """
         self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         d = self._rate_limited(b, lambda: self._draw(b, bool(replace), beta))
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
@@ -361,7 +392,7 @@ class ReplayStore:
         batches that had been drawn but not handed out, then continues as the saved run would have.
         """
         self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         if beta is not None:
@@ -725,14 +756,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
-            self._drawer.close()
-            self._reader.close()
-            self._parts.log.close()
-            if self._limiter is not None:
-                self._limiter.close()
-            if self._lock_fd is not None:
-                os.close(self._lock_fd)
-                self._lock_fd = None
+            self._release()
 
     def __enter__(self) -> ReplayStore:
         return self
@@ -776,12 +800,12 @@ def _after_fork_in_child() -> None:
     read-only in the child: sampling from the inherited mappings still works.
     """
     for store in list(_WRITERS):
-        if store._lock_fd is not None:
+        if store._held.lock_fd is not None:
             try:
-                os.close(store._lock_fd)
+                os.close(store._held.lock_fd)
             except OSError:
                 pass
-            store._lock_fd = None
+            store._held.lock_fd = None
         store._durable.failed = ReadOnlyStoreError(
             "this store was opened for writing in the parent process; open it in the child with mode='r'")
 

@@ -9,7 +9,7 @@ Needs ``torch`` (``pip install 'mmreplay[torch]'``).
 
 Each iteration of the dataset opens its own read-only ``ReplayStore`` (``mode="r"``) and yields
 ``store.batches(batch_size)`` - endless, seeded, frames copied in a background thread. In a
-``DataLoader`` worker ``w`` the store is opened with ``seed + w`` (DESIGN: separate readers pass
+``DataLoader`` worker ``w`` the store is opened with ``seed + w`` (separate readers must use
 distinct seeds), so worker ``w``'s batches are exactly ``ReplayStore.open(path, "r", seed=seed + w)
 .sample(batch_size)`` repeated; the DataLoader hands out the workers' batches in turn (batch ``j``
 comes from worker ``j % num_workers``). Without workers the stream is that of ``seed``.

@@ -17,7 +17,7 @@ import numpy as np
 from .errors import MMReplayError
 from .layout import START
 from .options import Schema
-from .statefiles import referenced_files
+from .statefiles import check_files
 from .storage import npyfile
 from .storage.manifest import read_manifest
 from .storage.ring import chunk_file, columns_for, crc32_file_data
@@ -76,10 +76,7 @@ def verify_store(path: str) -> list[str]:
             del flags, per_stream
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
-    for rel in referenced_files(doc):
-        fpath = os.path.join(path, rel)
-        if not os.path.exists(fpath):
-            problems.append(f"{fpath}: state file named by the manifest is missing")
+    problems += check_files(path, doc)
     if not problems:
         problems += _open_check(path)
     return problems

@@ -8,7 +8,9 @@ orange tint - a stacking bug shows at a glance. Image observations (``(H, W)``, 
 ``(C, H, W)`` with C in 1, 3, 4) are drawn as pictures; vectors (up to 64 values) as bar charts.
 
 ``stats`` reports the episodes' returns and lengths over time, the priority distribution
-(prioritized stores) and how much of the store is sampleable, as text and as a picture.
+(prioritized stores) and how much of the store is sampleable, as text and as a picture: each
+panel has titled axes with round, thousands-separated ticks, and the episode panels a legend
+for their dots (one per episode) and the running mean (over about a tenth of the episodes).
 
 Pictures need Pillow (``pip install 'mmreplay[image]'``), imported only when a picture is made.
 """
@@ -23,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
-from .cli import out
+from .cli import out, positive_int, require_store
 from .episodes import EpisodeTable
 from .store import ReplayStore
 
@@ -254,10 +256,23 @@ def store_stats(store: ReplayStore) -> StoreStats:
                       table.returns[done][order], table.length[done][order], prios, max_p)
 
 
-def _summary(a: np.ndarray, fmt: str = ".4g") -> str:
+def number(v: float) -> str:
+    """A number as people read it: whole numbers with thousands separators (``1,110``, never ``1.11e+03``),
+    others with 4 significant digits (one decimal from 1,000 up)."""
+    v = float(v)
+    if not np.isfinite(v):
+        return str(v)
+    if v == round(v) and abs(v) < 1e15:
+        return f"{int(round(v)):,}"
+    if abs(v) >= 1000:
+        return f"{v:,.1f}"
+    return f"{v:.4g}"
+
+
+def _summary(a: np.ndarray) -> str:
     if a.size == 0:
         return "-"
-    return (f"mean {a.mean():{fmt}}, min {a.min():{fmt}}, median {np.median(a):{fmt}}, max {a.max():{fmt}}")
+    return f"mean {number(a.mean())}, min {number(a.min())}, median {number(np.median(a))}, max {number(a.max())}"
 
 
 def stats_text(s: StoreStats) -> list[str]:
@@ -269,66 +284,168 @@ def stats_text(s: StoreStats) -> list[str]:
         f" {frac:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity {s.capacity:,}",
         f"episodes      {s.episodes:,} with retained frames: {s.terminated:,} terminated, {s.truncated:,}"
         f" truncated, {s.open_episodes:,} open; {s.returns.size:,} complete",
-        f"returns       {_summary(s.returns)}" + (f"; last 10: mean {s.returns[-10:].mean():.4g}"
+        f"returns       {_summary(s.returns)}" + (f"; last 10: mean {number(s.returns[-10:].mean())}"
                                                   if s.returns.size else ""),
-        f"lengths       {_summary(s.lengths.astype(np.float64), '.1f')}",
+        f"lengths       {_summary(s.lengths.astype(np.int64))} transitions",
     ]
     if s.priorities is None:
         lines.append("priorities    - (uniform sampling)")
     else:
-        lines.append(f"priorities    {_summary(s.priorities)}; max ever {s.max_priority:.4g}")
+        lines.append(f"priorities    {_summary(s.priorities)}; max ever {number(s.max_priority or 0.0)}")
     return lines
 
 
+# -- drawing the stats picture ---------------------------------------------------------------------------
+def nice_ticks(lo: float, hi: float, count: int = 5, integer: bool = False) -> np.ndarray:
+    """About ``count`` round tick values (steps of 1, 2 or 5 x 10^k; at least 1 when ``integer``) that cover
+    ``[lo, hi]``: the first tick is <= lo and the last >= hi."""
+    if not hi > lo:
+        lo, hi = lo - 1, hi + 1
+    raw = (hi - lo) / max(count - 1, 1)
+    mag = 10.0 ** np.floor(np.log10(raw))
+    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
+    if integer:
+        step = max(1.0, float(np.ceil(step)))
+    first, last = np.floor(lo / step) * step, np.ceil(hi / step) * step
+    ticks = first + step * np.arange(int(round((last - first) / step)) + 1)
+    return np.round(ticks, 12)
+
+
+def tick_labels(ticks: np.ndarray) -> list[str]:
+    """Labels with the decimals the tick step needs, thousands separated: ``0, 250, 500, ..., 1,000``."""
+    step = float(ticks[1] - ticks[0]) if ticks.size > 1 else 1.0
+    decimals = int(-np.floor(np.log10(step))) if step < 1 else 0
+    labels = []
+    for t in ticks.tolist():
+        label = f"{t:,.{decimals}f}"
+        labels.append(label.lstrip("-") if float(label.replace(",", "")) == 0 else label)  # no "-0"
+    return labels
+
+
+@dataclass
+class _Plot:
+    """A panel's plotting area and its data ranges (x and y both increase to the right / upwards)."""
+
+    draw: Any
+    area: tuple[int, int, int, int]
+    xr: tuple[float, float]
+    yr: tuple[float, float]
+
+    def x(self, v: Any) -> Any:
+        x0, _, x1, _ = self.area
+        return x0 + (np.asarray(v, np.float64) - self.xr[0]) / (self.xr[1] - self.xr[0]) * (x1 - x0)
+
+    def y(self, v: Any) -> Any:
+        _, y0, _, y1 = self.area
+        return y1 - (np.asarray(v, np.float64) - self.yr[0]) / (self.yr[1] - self.yr[0]) * (y1 - y0)
+
+
+def _text_size(font: Any, text: str) -> tuple[int, int]:
+    left, top, right, bottom = font.getbbox(text)
+    return int(right - left), int(bottom - top)
+
+
+def _vertical_text(img: Any, center: tuple[float, float], text: str, font: Any) -> None:
+    """``text`` rotated 90 degrees (read bottom to top), centred on ``center``: a y-axis title."""
+    Image, ImageDraw, _ = _pil()
+    w, h = _text_size(font, text)
+    label = Image.new("L", (w + 4, h + 6), 0)
+    ImageDraw.Draw(label).text((2, 1), text, fill=255, font=font)
+    label = label.rotate(90, expand=True)
+    img.paste(INK, (int(center[0] - label.width / 2), int(center[1] - label.height / 2)), mask=label)
+
+
 def _panel(draw: Any, box: tuple[int, int, int, int], title: str, font: Any) -> tuple[int, int, int, int]:
+    """Frame and title a panel; return its plotting area (room left for tick labels, axis titles, legend)."""
     x0, y0, x1, y1 = box
     draw.rectangle(box, outline=(200, 200, 200))
     draw.text((x0 + 8, y0 + 6), title, fill=INK, font=font)
-    return x0 + 52, y0 + 28, x1 - 12, y1 - 24  # the plotting area, leaving room for tick labels
+    return x0 + 78, y0 + 46, x1 - 16, y1 - 42
 
 
-def _axes(draw: Any, area: tuple[int, int, int, int], xr: tuple[float, float], yr: tuple[float, float],
-          font: Any, integer_x: bool = False) -> None:
+def _axes(img: Any, draw: Any, area: tuple[int, int, int, int], x: tuple[float, float, bool],
+          y: tuple[float, float, bool], titles: tuple[str, str], font: Any) -> _Plot:
+    """Axes over ``area`` with round ticks, readable labels and titles; ``x``/``y``: (lo, hi, integer)."""
     x0, y0, x1, y1 = area
+    xt, yt = nice_ticks(x[0], x[1], 6, x[2]), nice_ticks(y[0], y[1], 5, y[2])
+    plot = _Plot(draw, area, (float(xt[0]), float(xt[-1])), (float(yt[0]), float(yt[-1])))
+    for value, label in zip(yt.tolist(), tick_labels(yt), strict=True):
+        yy = float(plot.y(value))
+        draw.line([(x0, yy), (x1, yy)], fill=(235, 235, 235))
+        w, h = _text_size(font, label)
+        draw.text((x0 - 6 - w, yy - h / 2 - 2), label, fill=INK, font=font)
+    for value, label in zip(xt.tolist(), tick_labels(xt), strict=True):
+        xx = float(plot.x(value))
+        draw.line([(xx, y1), (xx, y1 + 3)], fill=INK)
+        w, _ = _text_size(font, label)
+        draw.text((xx - w / 2, y1 + 5), label, fill=INK, font=font)
     draw.line([(x0, y0), (x0, y1), (x1, y1)], fill=INK)
-    for frac in (0.0, 0.5, 1.0):
-        yv = yr[0] + frac * (yr[1] - yr[0])
-        yy = y1 - frac * (y1 - y0)
-        draw.text((area[0] - 48, yy - 6), f"{yv:.3g}", fill=INK, font=font)
-        xv = xr[0] + frac * (xr[1] - xr[0])
-        label = f"{xv:.0f}" if integer_x else f"{xv:.3g}"
-        draw.text((x0 + frac * (x1 - x0) - 8, y1 + 4), label, fill=INK, font=font)
+    w, _ = _text_size(font, titles[0])
+    draw.text(((x0 + x1) / 2 - w / 2, y1 + 22), titles[0], fill=INK, font=font)
+    widest = max(_text_size(font, label)[0] for label in tick_labels(yt))
+    _vertical_text(img, (x0 - 6 - widest - 12, (y0 + y1) / 2), titles[1], font)
+    return plot
 
 
-def _series(draw: Any, area: tuple[int, int, int, int], ys: np.ndarray, color: tuple[int, int, int],
-            font: Any) -> None:
-    x0, y0, x1, y1 = area
+def _legend(draw: Any, at: tuple[int, int], entries: list[tuple[str, str, tuple[int, int, int]]], font: Any) -> None:
+    """One row of legend entries: ``(kind, label, color)`` with kind ``"dot"``, ``"line"`` or ``"bar"``."""
+    x, y = at
+    for kind, label, color in entries:
+        if kind == "dot":
+            draw.ellipse([x + 7, y + 4, x + 12, y + 9], fill=color)
+        elif kind == "bar":
+            draw.rectangle([x + 5, y + 2, x + 15, y + 12], fill=color)
+        else:
+            draw.line([(x, y + 7), (x + 20, y + 7)], fill=color, width=2)
+        draw.text((x + 26, y), label, fill=INK, font=font)
+        x += 26 + _text_size(font, label)[0] + 18
+
+
+def running_window(n: int) -> int:
+    """Episodes averaged by the running-mean line: about a tenth of them, between 2 and 50."""
+    return int(min(50, max(2, n // 10)))
+
+
+def _series(img: Any, draw: Any, box: tuple[int, int, int, int], title: str, ys: np.ndarray,
+            what: str, color: tuple[int, int, int], fonts: tuple[Any, Any]) -> None:
+    """Per-episode values as dots, in start order, with a labelled running mean."""
+    font, small = fonts
+    area = _panel(draw, box, title, font)
     if ys.size == 0:
-        draw.text((x0 + 10, y0 + 10), "no complete episode yet", fill=INK, font=font)
+        draw.text((area[0] + 10, area[1] + 10), "no complete episode yet", fill=INK, font=font)
         return
-    lo, hi = float(ys.min()), float(ys.max())
-    if hi == lo:
-        lo, hi = lo - 1, hi + 1
-    _axes(draw, area, (0, max(ys.size - 1, 1)), (lo, hi), font, integer_x=True)
-    xs = x0 + np.arange(ys.size) * (x1 - x0) / max(ys.size - 1, 1)
-    py = y1 - (ys - lo) / (hi - lo) * (y1 - y0)
+    integer = ys.dtype.kind in "iub"
+    v = ys.astype(np.float64)
+    plot = _axes(img, draw, area, (0, max(ys.size - 1, 1), True), (float(v.min()), float(v.max()), integer),
+                 ("episode (in start order)", what), small)
+    xs, py = plot.x(np.arange(ys.size)), plot.y(v)
     for x, y in zip(xs.tolist(), py.tolist(), strict=True):
-        draw.ellipse([x - 1.5, y - 1.5, x + 1.5, y + 1.5], fill=color)
-    w = max(1, ys.size // 20)
-    if ys.size > w > 1:
-        avg = np.convolve(ys, np.ones(w) / w, mode="valid")
-        pts = list(zip(xs[w - 1:].tolist(), (y1 - (avg - lo) / (hi - lo) * (y1 - y0)).tolist(), strict=True))
-        draw.line(pts, fill=INK, width=2)
+        draw.ellipse([x - 2, y - 2, x + 2, y + 2], fill=color)
+    w = running_window(ys.size)
+    entries = [("dot", f"each episode ({what})", color)]
+    if ys.size >= 2 * w:  # a mean over most of the points says nothing
+        avg = np.convolve(v, np.ones(w) / w, mode="valid")
+        draw.line(list(zip(xs[w - 1:].tolist(), plot.y(avg).tolist(), strict=True)), fill=INK, width=2)
+        entries.append(("line", f"running mean of {w} episodes", INK))
+    _legend(draw, (box[0] + 10, box[1] + 24), entries, small)
 
 
-def _histogram(draw: Any, area: tuple[int, int, int, int], values: np.ndarray, font: Any) -> None:
-    x0, y0, x1, y1 = area
+def _histogram(img: Any, draw: Any, box: tuple[int, int, int, int], values: np.ndarray | None,
+               fonts: tuple[Any, Any]) -> None:
+    font, small = fonts
+    area = _panel(draw, box, "priorities of sampleable transitions", font)
+    if values is None or values.size == 0:
+        draw.text((area[0], area[1] + 10), "uniform store: no priorities" if values is None else
+                  "nothing sampleable", fill=INK, font=font)
+        return
     counts, edges = np.histogram(values, bins=40)
-    _axes(draw, area, (float(edges[0]), float(edges[-1])), (0, float(counts.max())), font)
-    bw = (x1 - x0) / counts.size
-    for i, c in enumerate(counts.tolist()):
-        h = c / counts.max() * (y1 - y0)
-        draw.rectangle([x0 + i * bw + 1, y1 - h, x0 + (i + 1) * bw - 1, y1], fill=(120, 80, 180))
+    plot = _axes(img, draw, area, (float(edges[0]), float(edges[-1]), False), (0.0, float(counts.max()), True),
+                 ("priority (as last set)", "transitions"), small)
+    for c, lo, hi in zip(counts.tolist(), plot.x(edges[:-1]).tolist(), plot.x(edges[1:]).tolist(), strict=True):
+        if c:
+            draw.rectangle([lo + 1, float(plot.y(c)), max(lo + 1, hi - 1), area[3]], fill=(120, 80, 180))
+    _legend(draw, (box[0] + 10, box[1] + 24), [("bar", f"transitions per bin (40 bins, {values.size:,} in all)",
+                                                 (120, 80, 180))], small)
 
 
 def stats_image(s: StoreStats) -> Any:
@@ -337,23 +454,20 @@ def stats_image(s: StoreStats) -> Any:
     w, h = STATS_SIZE
     img = Image.new("RGB", STATS_SIZE, "white")
     draw = ImageDraw.Draw(img)
-    font, small = _font(13), _font(10)
+    fonts = (_font(13), _font(11))
+    font = fonts[0]
     draw.text((10, 6), f"mmreplay stats: {s.path}", fill=INK, font=font)
     top, hw, hh = 28, w // 2, (h - 28) // 2
     boxes = [(4, top, hw - 4, top + hh - 4), (hw + 4, top, w - 4, top + hh - 4),
              (4, top + hh + 4, hw - 4, h - 4), (hw + 4, top + hh + 4, w - 4, h - 4)]
-    _series(draw, _panel(draw, boxes[0], f"episode returns ({s.returns.size} complete, in start order)", font),
-            s.returns.astype(np.float64), (40, 120, 200), small)
-    _series(draw, _panel(draw, boxes[1], "episode lengths (transitions)", font), s.lengths.astype(np.float64),
-            (40, 160, 90), small)
-    area = _panel(draw, boxes[2], "priorities of sampleable transitions", font)
-    if s.priorities is None or s.priorities.size == 0:
-        draw.text((area[0], area[1] + 10), "uniform store: no priorities" if s.priorities is None else
-                  "nothing sampleable", fill=INK, font=font)
-    else:
-        _histogram(draw, area, s.priorities, small)
-    x0, y0, x1, y1 = _panel(draw, boxes[3], "store", font)
-    x0 -= 40
+    _series(img, draw, boxes[0], f"episode returns ({s.returns.size:,} complete episode{'' if s.returns.size == 1 else 's'})", s.returns, "return",
+            (40, 120, 200), fonts)
+    _series(img, draw, boxes[1], "episode lengths", s.lengths.astype(np.int64), "transitions", (40, 160, 90), fonts)
+    _histogram(img, draw, boxes[2], s.priorities, fonts)
+    x0, y0, x1, y1 = boxes[3]
+    draw.rectangle(boxes[3], outline=(200, 200, 200))
+    draw.text((x0 + 8, y0 + 6), "store (transitions)", fill=INK, font=font)
+    x0, y0, x1 = x0 + 12, y0 + 34, x1 - 12
     full = max(s.capacity, s.retained, 1)
     for i, (label, value, color) in enumerate((("capacity", s.capacity, (190, 190, 190)),
                                                ("retained", s.retained, (90, 140, 210)),
@@ -364,8 +478,8 @@ def stats_image(s: StoreStats) -> Any:
     frac = s.sampleable / s.retained if s.retained else 0.0
     draw.text((x0, y0 + 135), f"sampleable: {frac:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity",
               fill=INK, font=font)
-    draw.text((x0, y0 + 155), f"episodes: {s.terminated} terminated, {s.truncated} truncated,"
-              f" {s.open_episodes} open", fill=INK, font=font)
+    draw.text((x0, y0 + 155), f"episodes: {s.terminated:,} terminated, {s.truncated:,} truncated,"
+              f" {s.open_episodes:,} open", fill=INK, font=font)
     return img
 
 
@@ -376,6 +490,7 @@ def _no_pillow(command: str, exc: ImportError) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    require_store(args.path)
     with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:  # a wrong path is reported first
         try:
             _pil()
@@ -395,6 +510,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    require_store(args.path)
     with ReplayStore.open(args.path, mode="r") as store:
         s = store_stats(store)
     for line in stats_text(s):
@@ -415,7 +531,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     s.add_argument("path")
     s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
     s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: a sample)")
-    s.add_argument("--rows", type=int, default=4, help="rows to sample when --ids is not given (default: 4)")
+    s.add_argument("--rows", type=positive_int, default=4, help="rows to sample when --ids is not given (default: 4)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     s.set_defaults(func=cmd_show)
     t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"

@@ -83,6 +83,11 @@ def data_dir() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 
 
+# The pyproject extra that installs each optional module the tests import.
+EXTRAS = {"gymnasium": "gym", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari",
+          "pyarrow": "tables", "pandas": "tables"}
+
+
 def require(module: str):  # noqa: ANN201
     """Import an optional dependency; skip without it, except under CI=true where it must be installed."""
     import importlib
@@ -92,6 +97,8 @@ def require(module: str):  # noqa: ANN201
     try:
         return importlib.import_module(module)
     except ImportError:
+        extra = EXTRAS.get(module.split(".")[0])
+        how = f"pip install -e '.[{extra}]' (or '.[ci]' for the full suite)" if extra else "pip install -e '.[ci]'"
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{module} must be installed in CI (pip install -e '.[ci]')")
-        pytest.skip(f"{module} not installed")
+            pytest.fail(f"{module} must be installed in CI: {how}")
+        pytest.skip(f"{module} not installed; to run this test: {how}")

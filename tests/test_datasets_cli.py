@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
+import pytest
 
 import mmreplay as mr
 from mmreplay.cli import main
@@ -44,4 +46,74 @@ def test_command_line_errors_are_reported(tmp_path, capsys):
     assert "no such file or directory" in capsys.readouterr().err
     src = _store(tmp_path / "s0")
     assert main(["export", src, str(tmp_path / "root"), "--format", "minari", "--quiet"]) == 1
-    assert "dataset_id" in capsys.readouterr().err
+    assert "needs --dataset-id" in capsys.readouterr().err
+
+
+def test_export_onto_an_existing_output_names_the_flag(tmp_path, capsys):
+    src = _store(tmp_path / "s")
+    for fmt, out, extra in (("zarr", "d.zarr", []), ("hdf5", "d.hdf5", []),
+                            ("minari", "root", ["--dataset-id", "t/x-v0"])):
+        assert main(["--quiet", "export", src, str(tmp_path / out), "--format", fmt, *extra]) == 0
+        capsys.readouterr()
+        assert main(["--quiet", "export", src, str(tmp_path / out), "--format", fmt, *extra]) == 1
+        err = capsys.readouterr().err
+        assert "already exists" in err and "--overwrite" in err and "overwrite=True" not in err, err
+        assert main(["--quiet", "export", src, str(tmp_path / out), "--format", fmt, "--overwrite", *extra]) == 0
+
+
+def test_cli_errors_name_flags_not_python_arguments(tmp_path, capsys):
+    src = _store(tmp_path / "s")
+    assert main(["--quiet", "export", src, str(tmp_path / "root"), "--format", "minari"]) == 1
+    err = capsys.readouterr().err
+    assert "--dataset-id" in err and "dataset_id" not in err and "None" not in err
+    assert not (tmp_path / "root").exists()
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr"), "--dataset-id", "t/x-v0"]) == 1
+    assert "--dataset-id is for --format minari" in capsys.readouterr().err
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr"), "--next-observations"]) == 1
+    assert "--next-observations is for --format hdf5/d4rl" in capsys.readouterr().err
+    assert main(["--quiet", "import", src, str(tmp_path / "copy")]) == 1
+    err = capsys.readouterr().err
+    assert "is an mmreplay store already" in err and "ReplayStore.open" not in err
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr")]) == 0
+    assert main(["--quiet", "import", str(tmp_path / "d.zarr"), str(tmp_path / "b"), "--suffixes", "1"]) == 1
+    assert "--suffixes picks Dopamine checkpoints" in capsys.readouterr().err
+    for flag, value in (("--stack", "0"), ("--n-step", "-1"), ("--capacity", "0"), ("--gamma", "1.5")):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--quiet", "import", str(tmp_path / "d.zarr"), str(tmp_path / "b"), flag, value])
+        assert exit_.value.code == 2
+        assert f"argument {flag}: expected" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("not a store")
+    for command in (["show", str(plain)], ["stats", str(plain)], ["verify", str(plain)],
+                    ["export", str(plain), str(tmp_path / "p.zarr")]):
+        assert main(["--quiet", *command]) == 1
+        err = capsys.readouterr().err
+        assert "not an mmreplay store or snapshot (no manifest.json)" in err and "create one with" not in err
+    assert main(["--quiet", "info", str(plain)]) == 1
+    assert "neither an mmreplay store (no manifest.json) nor a dataset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "d4rl"])
+def test_d4rl_export_says_when_final_observations_are_dropped(tmp_path, capsys, fmt):
+    src = _store(tmp_path / "s")
+    assert main(["--quiet", "export", src, str(tmp_path / "d.hdf5"), "--format", fmt]) == 0
+    err = capsys.readouterr().err
+    assert "final observations of 4 episode(s) are not in" in err and "--next-observations" in err
+    with h5py.File(tmp_path / "d.hdf5", "r") as f:
+        assert "next_observations" not in f and f["observations"].shape[0] == 46  # 50 frames, 4 finals dropped
+    assert main(["--quiet", "export", src, str(tmp_path / "n.hdf5"), "--format", fmt, "--next-observations"]) == 0
+    assert "final observations" not in capsys.readouterr().err
+    with h5py.File(tmp_path / "n.hdf5", "r") as f:
+        assert f["next_observations"].shape[0] == 46
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr")]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_export_help_explains_hdf5_and_d4rl(capsys):
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--format hdf5 and --format d4rl are the same thing" in text
+    assert "dropped unless you add --next-observations" in text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 
 from mmreplay import demo
 from mmreplay.cli import main
@@ -16,7 +17,7 @@ def run(tmp_path, capsys, *args):
 
 def check_story(tmp_path, text):
     root = tmp_path / "d"
-    assert f"files in {root}" in text
+    assert f"files in  {root} (kept afterwards)" in text and f"kept {root}" in text
     assert "the resumed store hands out the same next batches as the original: True" in text
     for name in ("store", "snapshot", "resumed"):
         assert (root / name / "manifest.json").exists(), name
@@ -58,5 +59,59 @@ def test_demo_on_the_core_dependencies_alone(tmp_path, capsys, monkeypatch):
     code, cap = run(tmp_path, capsys, "--steps", "800")
     assert code == 0, cap.err
     assert "generated Atari-like episodes" in cap.out and "pictures skipped" in cap.out
-    assert "mmreplay[image]" in cap.out
+    plan, story = cap.out.split("1. recorded", 1)
+    assert "pictures  skipped: Pillow is not installed (pip install 'mmreplay[image]' adds them)" in plan
+    assert "'mmreplay[gym]' adds CartPole" in plan  # said before anything is recorded
+    assert not (tmp_path / "d" / "sample.png").exists()
     check_story(tmp_path, cap.out.replace("pictures skipped", ""))
+
+
+def test_demo_says_up_front_what_it_draws(tmp_path, capsys):
+    code, cap = run(tmp_path, capsys, "--env", "synthetic", "--steps", "300")
+    assert code == 0, cap.err
+    plan = cap.out.split("1. recorded", 1)[0]
+    assert "env       generated Atari-like episodes" in plan
+    have_pil = importlib.util.find_spec("PIL") is not None
+    assert ("drawn with Pillow (the [image] extra)" in plan) == have_pil
+    assert ("5. pictures: " in cap.out) == have_pil
+
+
+def _temp_dirs(root):
+    return sorted(p.name for p in root.iterdir() if p.name.startswith("mmreplay-demo-"))
+
+
+def test_demo_without_a_path_removes_its_temporary_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["--quiet", "demo", "--env", "synthetic", "--steps", "300"]) == 0
+    text = capsys.readouterr().out
+    assert _temp_dirs(tmp_path) == []
+    where = text.split("files in  ", 1)[1].split(" ", 1)[0]
+    assert where.startswith(str(tmp_path / "mmreplay-demo-")) and "removed at the end" in text
+    assert f"removed {where} (" in text and "--keep" in text
+    assert "next: mmreplay info" not in text  # nothing left to look at
+
+    assert main(["--quiet", "demo", "--env", "synthetic", "--steps", "300", "--keep"]) == 0
+    text = capsys.readouterr().out
+    (kept,) = _temp_dirs(tmp_path)
+    assert f"kept {tmp_path / kept} (" in text and f"rm -r {tmp_path / kept}" in text
+    assert (tmp_path / kept / "store" / "manifest.json").exists()
+
+
+def test_a_failed_demo_removes_its_temporary_directory_too(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def broken_export(*args, **kwargs):
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(demo, "export", broken_export)
+    assert main(["--quiet", "demo", "--env", "synthetic", "--steps", "300"]) == 1
+    cap = capsys.readouterr()
+    assert "disk full (simulated)" in cap.err and "removed" in cap.out
+    assert _temp_dirs(tmp_path) == []
+
+
+def test_demo_refuses_too_few_steps(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["--quiet", "demo", "--steps", "10"]) == 1
+    assert "--steps: expected at least 100" in capsys.readouterr().err
+    assert _temp_dirs(tmp_path) == []

@@ -51,7 +51,7 @@ def _same(a, b):
     (lambda s: s.step(0, 1.0, _frame(), False, False, lp=np.zeros(3)), ValueError, ["lp", "()", "(3,)"]),
     (lambda s: s.reset(np.zeros((3, 4, 4), np.uint8)), ValueError, ["obs", "(4, 4)"]),
     (lambda s: s.gather([999]), mr.NotSampleableError, ["999", "never issued"]),
-    (lambda s: s.gather([-1]), mr.NotSampleableError, ["-1", "evicted"]),
+    (lambda s: s.gather([-1]), mr.NotSampleableError, ["-1", "not a transition id"]),
     (lambda s: s.gather([9]), mr.NotSampleableError, ["9", "not sampleable"]),
     (lambda s: s.gather([[1, 2]]), ValueError, ["1-D"]),
     (lambda s: s.gather([1.5]), TypeError, ["integer"]),
@@ -192,3 +192,17 @@ def test_second_writer_is_refused(tmp_path, store):
         mr.ReplayStore.open(tmp_path / "s", mode="r+")
     with mr.ReplayStore.open(tmp_path / "s", mode="r") as r:
         assert r.id_range == (0, 0)  # the reader sees the last commit (create's empty store)
+
+
+def test_create_on_a_plain_directory_says_it_is_not_a_store(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not an mmreplay store; give a new or empty directory") as info:
+        mr.ReplayStore.create(tmp_path, capacity=10, obs_shape=(2,))
+    assert "ReplayStore.open" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing was added
+
+
+def test_create_on_a_store_points_to_open(tmp_path):
+    mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,)).close()
+    with pytest.raises(ValueError, match=r"already holds an mmreplay store; continue it with ReplayStore.open"):
+        mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,))

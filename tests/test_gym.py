@@ -67,14 +67,42 @@ def _odd_env(gym, obs_space, act_space):
 def test_unsupported_spaces_are_named(gym, mg, tmp_path):
     sp = gym.spaces
     box = sp.Box(-1, 1, (3,))
-    with pytest.raises(TypeError, match="action space.*MultiDiscrete"):
+    with pytest.raises(TypeError, match="action space.*MultiDiscrete") as err:
         mg.store_from_env(_odd_env(gym, box, sp.MultiDiscrete([2, 3])), tmp_path / "a", capacity=10)
-    with pytest.raises(TypeError, match="observation space.*Dict"):
+    assert "FlattenObservation" not in str(err.value)  # an observation wrapper: no help for actions
+    assert "action_shape=(2,), action_dtype='int64'" in str(err.value)
+    with pytest.raises(TypeError, match="observation space.*Dict") as err:
         mg.store_from_env(_odd_env(gym, sp.Dict({"x": box}), sp.Discrete(2)), tmp_path / "b", capacity=10)
+    assert "FlattenObservation" in str(err.value)
+    with pytest.raises(TypeError, match="action space.*Dict") as err:
+        mg.store_from_env(_odd_env(gym, box, sp.Dict({"x": box, "y": sp.Discrete(4)})), tmp_path / "b", capacity=10)
+    assert "FlattenObservation" not in str(err.value) and "action_shape=(7,)" in str(err.value)
     with pytest.raises(TypeError, match="gymnasium.Env"):
         mg.store_from_env(object(), tmp_path / "c", capacity=10)
     with pytest.raises(ValueError, match="obs_shape=.*conflicts"):
         mg.store_from_env(gym.make("CartPole-v1"), tmp_path / "d", capacity=10, obs_shape=(5,))
+
+
+def test_the_action_space_hints_work(gym, tmp_path):
+    """A store made as the MultiDiscrete / Dict hints say takes those actions, and returns them."""
+    sp = gym.spaces
+    multi, nested = sp.MultiDiscrete([2, 3]), sp.Dict({"x": sp.Box(-1, 1, (3,)), "y": sp.Discrete(4)})
+    multi.seed(0)
+    nested.seed(0)
+    s = mr.ReplayStore.create(tmp_path / "m", capacity=10, obs_shape=(3,), obs_dtype="float32",
+                              action_shape=(2,), action_dtype="int64")
+    n = mr.ReplayStore.create(tmp_path / "n", capacity=10, obs_shape=(3,), obs_dtype="float32",
+                              action_shape=(7,), action_dtype="float32")
+    for store in (s, n):
+        store.reset(np.zeros(3, np.float32))
+    a, b = multi.sample(), nested.sample()
+    s.step(a, 1.0, np.ones(3, np.float32), True, False)
+    n.step(sp.flatten(nested, b), 1.0, np.ones(3, np.float32), True, False)
+    assert np.array_equal(s.gather([0]).action[0], a)
+    back = sp.unflatten(nested, n.gather([0]).action[0])
+    assert np.allclose(back["x"], b["x"]) and back["y"] == b["y"]
+    s.close()
+    n.close()
 
 
 def test_recorder_equals_a_hand_loop_on_cartpole(gym, mg, tmp_path):

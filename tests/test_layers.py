@@ -9,7 +9,7 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic", "native", "numeric"},
+    {"errors", "options", "synthetic", "native", "numeric", "version", "spaces"},
     {"storage"},
     {"layout", "plan", "episodes", "index"},
     {"log", "reader", "batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
@@ -26,8 +26,13 @@ LAYERS = [
 ALLOWED_UPWARD = {("store", "gym")}
 
 
+TOP = "(the mmreplay package itself)"  # importing it runs __init__, which imports every layer
+
+
 def layer_of(module: str) -> int:
     """Layer of a module given relative to the package (``storage.ring``, ``datasets.cli``, ``store``)."""
+    if module == TOP:
+        return len(LAYERS)
     for name in (module, module.split(".")[0]):
         for i, names in enumerate(LAYERS):
             if name in names:
@@ -35,22 +40,46 @@ def layer_of(module: str) -> int:
     raise AssertionError(f"mmreplay.{module} is in no layer: add it to LAYERS")
 
 
-def imports(path: str, package: str) -> list[str]:
-    """Package-relative names of the mmreplay modules a file imports (relative or absolute imports)."""
+def _is_module(root: str, dotted: str) -> bool:
+    path = os.path.join(root, *dotted.split("."))
+    return os.path.isdir(path) or os.path.exists(path + ".py")
+
+
+def imports(path: str, package: str, root: str) -> list[str]:
+    """Package-relative names of the mmreplay modules a file imports, in every form: relative, absolute,
+    ``import mmreplay``, ``from mmreplay import x`` and ``from . import name`` of a package's own names
+    (which run that package's ``__init__``; for the top package, ``TOP``)."""
     tree = ast.parse(open(path).read())
     found = []
+
+    def from_package(pkg: str, names: list[str]) -> None:
+        for name in names:
+            sub = ".".join(filter(None, [pkg, name]))
+            if _is_module(root, sub):
+                found.append(sub)
+            else:
+                found.append(pkg or TOP)
+
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "mmreplay":
+                    found.append(TOP)
+                elif alias.name.startswith("mmreplay."):
+                    found.append(alias.name[len("mmreplay."):])
+        elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 target = ".".join(base[1:] + ([node.module] if node.module else []))
-                if not node.module:  # "from . import x"
-                    found += [".".join(filter(None, [target, a.name])) for a in node.names]
-                    continue
-                found.append(target)
-            elif node.module and node.module.startswith("mmreplay."):
-                found.append(node.module[len("mmreplay."):])
-    return [f for f in found if f and f != "__version__" and not f.endswith("__version__")]
+            elif node.module == "mmreplay" or (node.module or "").startswith("mmreplay."):
+                target = node.module[len("mmreplay."):] if node.module != "mmreplay" else ""
+            else:
+                continue
+            if target and _is_module(root, target) and not os.path.isdir(os.path.join(root, *target.split("."))):
+                found.append(target)  # from .module import name
+            else:
+                from_package(target, [a.name for a in node.names])  # from .package import name-or-module
+    return found
 
 
 def test_imports_point_down_the_layers():
@@ -64,8 +93,8 @@ def test_imports_point_down_the_layers():
             rel = os.path.relpath(path, root)[:-3].replace(os.sep, ".")
             package = "mmreplay." + rel.rsplit(".", 1)[0] if "." in rel else "mmreplay"
             mine = layer_of(rel)
-            for target in imports(path, package):
-                if target.split(".")[-1] == "__init__" or (rel, target) in ALLOWED_UPWARD:
+            for target in imports(path, package, root):
+                if (rel, target) in ALLOWED_UPWARD:
                     continue
                 assert layer_of(target) <= mine, f"mmreplay.{rel} (layer {mine}) imports mmreplay.{target}" \
                     f" (layer {layer_of(target)})"

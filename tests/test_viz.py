@@ -175,3 +175,66 @@ def test_without_pillow(tmp_path, capsys, monkeypatch):
     assert main(["stats", str(tmp_path / "s"), "--out", str(tmp_path / "y.png")]) == 1
     captured = capsys.readouterr()
     assert "sampleable" in captured.out and "mmreplay[image]" in captured.err
+
+
+def test_numbers_read_as_numbers():
+    assert [viz.number(v) for v in (1110, 1110.0, 759.0, -21.0, 5.743, 1234.56, 0.008322, 1e6)] == [
+        "1,110", "1,110", "759", "-21", "5.743", "1,234.6", "0.008322", "1,000,000"]
+    ticks = viz.nice_ticks(127, 1110, integer=True)
+    assert ticks[0] <= 127 and ticks[-1] >= 1110 and 4 <= ticks.size <= 8
+    assert np.allclose(np.diff(ticks), ticks[1] - ticks[0]) and ticks[1] - ticks[0] in (100, 200, 250, 500)
+    assert viz.tick_labels(np.array([0.0, 500.0, 1000.0, 1500.0])) == ["0", "500", "1,000", "1,500"]
+    assert viz.tick_labels(viz.nice_ticks(0.0083, 5.74)) == ["0", "2", "4", "6"]
+    assert viz.tick_labels(viz.nice_ticks(-0.3, 0.31)) == ["-0.4", "-0.2", "0.0", "0.2", "0.4"]
+    assert viz.nice_ticks(0, 3, integer=True).tolist() == [0, 1, 2, 3]  # never a step below 1 for counts
+
+
+def _stats(returns, lengths, priorities=None):
+    n = int(lengths.sum())
+    return viz.StoreStats("/some/store", 100_000, (0, n), n, len(lengths), 0, len(lengths), 0, returns, lengths,
+                          priorities, None if priorities is None else float(priorities.max()))
+
+
+def test_stats_text_prints_lengths_as_integers():
+    lengths = np.array([759, 1110, 2048, 127])
+    text = "\n".join(viz.stats_text(_stats(np.array([-21.0, 3.5, 1110.0, 0.0]), lengths)))
+    assert "lengths       mean 1,011, min 127, median 934.5, max 2,048 transitions" in text
+    assert "max 1,110" in text and "e+" not in text and "759.0" not in text
+
+
+def test_stats_picture_has_axis_titles_a_legend_and_readable_ticks(pil, monkeypatch):
+    from PIL import ImageDraw
+
+    drawn: list[str] = []
+    text = ImageDraw.ImageDraw.text
+
+    def spy(self, xy, s, *args, **kwargs):
+        drawn.append(str(s))
+        return text(self, xy, s, *args, **kwargs)
+
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text", spy)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 2500, 59)
+    img = viz.stats_image(_stats(rng.normal(500, 800, 59), lengths, rng.exponential(2.0, 5000)))
+    assert img.size == viz.STATS_SIZE
+    for title in ("episode (in start order)", "return", "transitions", "priority (as last set)"):
+        assert title in drawn, title
+    w = viz.running_window(59)
+    assert w == 5 and f"running mean of {w} episodes" in drawn and "each episode (return)" in drawn
+    numeric = [s for s in drawn if s.replace(",", "").replace(".", "").lstrip("-").isdigit()]
+    assert len(numeric) > 20 and not [s for s in drawn if "e+" in s or "e-" in s]
+    assert "2,000" in numeric  # a length tick, thousands separated
+    # the lengths panel's ticks are whole numbers
+    lengths_ticks = viz.tick_labels(viz.nice_ticks(float(lengths.min()), float(lengths.max()), 5, True))
+    assert all("." not in s for s in lengths_ticks) and set(lengths_ticks) <= set(numeric)
+
+
+def test_running_mean_line_is_drawn_only_with_enough_episodes(pil, monkeypatch):
+    from PIL import ImageDraw
+
+    drawn: list[str] = []
+    text = ImageDraw.ImageDraw.text
+    monkeypatch.setattr(ImageDraw.ImageDraw, "text",
+                        lambda self, xy, s, *a, **k: (drawn.append(str(s)), text(self, xy, s, *a, **k))[1])
+    viz.stats_image(_stats(np.array([1.0, 2.0, 3.0]), np.array([10, 20, 30])))
+    assert "each episode (return)" in drawn and not any(s.startswith("running mean") for s in drawn)

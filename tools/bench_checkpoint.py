@@ -116,9 +116,8 @@ def main() -> None:
         "",
         table(["capacity", "store GB", "commit ms", "commit ms, full priorities", "save ms", "load ms"], rows),
         "",
-        "Targets: each under 1 s at 1M, 1M/100K ratio under 2. For orientation (measured on this kind of",
-        "machine, see issue notes): Dopamine's save ~26-31 s at 100K and ~276 s at 1M; cpprb's",
-        "save/load_transitions ~63-82 s / ~32-37 s at 100K; TorchRL dumps/loads ~5-6 s / ~8 s at 100K.",
+        "Targets: each under 1 s at 1M, 1M/100K ratio under 2. For orientation, the peers section of this",
+        "file (tools/bench_peers.py) measures the checkpoint APIs of Dopamine, cpprb and TorchRL.",
     ])
     if not args.no_write:
         write_section("checkpoint", body)

@@ -1,4 +1,4 @@
-"""mmreplay against the replay buffers people use instead, on the reference workload (DESIGN.md §5).
+"""mmreplay against the replay buffers people use instead, on the reference workload (BENCHMARKS.md).
 
 84x84 uint8 frames, stack 4, n-step 3, gamma 0.99, batch 32, episodes of 100..3000 steps, each buffer
 filled to 1.1x capacity one transition at a time. Peers: TorchRL (LazyMemmapStorage with RandomSampler /

@@ -1,4 +1,4 @@
-"""Reference workload (DESIGN.md §5) at 100K and 1M capacity: append, warm sampling efficiency,
+"""Reference workload (BENCHMARKS.md) at 100K and 1M capacity: append, warm sampling efficiency,
 RssAnon and disk bytes. Writes the `store` section of BENCHMARKS.md.
 
     python tools/bench_store.py                  # 100K and 1M (needs ~8 GB free disk)

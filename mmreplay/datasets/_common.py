@@ -168,9 +168,9 @@ def layout_attrs(schema: Schema, metadata: dict[str, Any]) -> dict[str, Any]:
 
 
 def _version() -> str:
-    import mmreplay
+    from ..version import __version__
 
-    return str(getattr(mmreplay, "__version__", "?"))
+    return __version__
 
 
 # -- files --------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from typing import Any
 
 from . import EXPORT_FORMATS, IMPORT_FORMATS
@@ -21,9 +22,24 @@ def _suffixes(text: str) -> list[int]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..cli import out, progress
+    from ..cli import note, out, progress, require_store
     from . import export
 
+    require_store(args.path)
+    target = args.out
+    if args.format == "minari":
+        if args.dataset_id is None:
+            raise ValueError("--format minari needs --dataset-id NAMESPACE/NAME-vN (e.g. --dataset-id"
+                             f" mmreplay/pong/random-v0): the dataset is written to {args.out}/<dataset id>")
+        target = os.path.join(args.out, args.dataset_id)
+    elif args.dataset_id is not None:
+        raise ValueError(f"--dataset-id is for --format minari; leave it out with --format {args.format}")
+    if os.path.lexists(os.path.expanduser(target)) and not args.overwrite:
+        raise FileExistsError(f"{target} already exists; remove it, choose another output, or add --overwrite to"
+                              " replace it")
+    if args.next_observations and args.format not in ("hdf5", "d4rl"):
+        raise ValueError(f"--next-observations is for --format hdf5/d4rl; --format {args.format} keeps every"
+                         " observation already")
     options: dict[str, Any] = {}
     for name in ("dataset_id", "level", "chunk_frames"):
         if getattr(args, name) is not None:
@@ -36,13 +52,38 @@ def cmd_export(args: argparse.Namespace) -> int:
                     progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
     out(f"exported {result.summary()}")
     out(f"took {result.seconds:.1f} s")
+    if result.format == "hdf5" and not result.extra.get("next_observations"):
+        dropped = _final_observations_dropped(result.path, result.episodes)
+        if dropped:
+            note("export", f"the D4RL layout holds observations o_0..o_(T-1) of each episode, so the final"
+                 f" observations of {dropped:,} episode(s) are not in {result.path}. Imported back, terminated rows"
+                 f" get a zero next_obs (their discount is 0) and rows that would bootstrap from a truncated"
+                 f" episode's final observation are not sampleable. To keep them, export again with"
+                 f" --next-observations (adds a next_observations dataset: about twice the frame bytes).")
     return 0
+
+
+def _final_observations_dropped(path: str, episodes: int) -> int:
+    """Exported episodes whose final observation the D4RL file lacks (those not already missing in the store)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        already = len(f.attrs.get("final_missing_episodes", ()))
+    return episodes - already
 
 
 def cmd_import(args: argparse.Namespace) -> int:
     from ..cli import out, progress
-    from . import import_dataset
+    from . import detect_format, import_dataset
 
+    if os.path.exists(os.path.join(args.src, "manifest.json")):
+        raise ValueError(f"{args.src} is an mmreplay store already, not a dataset: there is nothing to import (mmreplay"
+                         f" info {args.src} describes it; mmreplay export writes it as a dataset)")
+    if args.suffixes is not None:
+        fmt = args.format or detect_format(args.src)
+        if fmt != "dqn-replay":
+            raise ValueError(f"--suffixes picks Dopamine checkpoints (--format dqn-replay); {args.src} is a {fmt}"
+                             " dataset: leave --suffixes out")
     options: dict[str, Any] = {}
     if args.suffixes is not None:
         options["suffixes"] = args.suffixes
@@ -70,18 +111,27 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    from ..cli import positive_int, unit_float
+
     e = sub.add_parser("export", parents=[common], help="write a store's complete episodes as a dataset",
                        description="Write the complete episodes of a store (as of its last commit) as a zarr v3"
-                       " dataset, a D4RL-layout HDF5 file, or a Minari dataset under a datasets root.")
+                       " dataset, a D4RL-layout HDF5 file, or a Minari dataset under a datasets root."
+                       " --format zarr (default) keeps everything, final observations included."
+                       " --format hdf5 and --format d4rl are the same thing (two names for one HDF5 file in the"
+                       " D4RL layout: observations, actions, rewards, terminals, timeouts, infos/<extra>); that"
+                       " layout has no row for an episode's final observation, so it is dropped unless you add"
+                       " --next-observations. --format minari writes <OUT>/<--dataset-id>/data/ for Minari.")
     e.add_argument("path", help="the store")
     e.add_argument("out", help="output: a directory (zarr), a file (hdf5), or a Minari datasets root (minari)")
-    e.add_argument("--format", default="zarr", choices=[*EXPORT_FORMATS, "d4rl"])
+    e.add_argument("--format", default="zarr", choices=[*EXPORT_FORMATS, "d4rl"],
+                   help="zarr (default; lossless), hdf5 = d4rl (one HDF5 file in the D4RL layout), minari")
     e.add_argument("--dataset-id", help="minari: the dataset id, e.g. mmreplay/pong/random-v0 (required)")
     e.add_argument("--compression", help="zarr: zstd (default), blosc-zstd, blosc-lz4, gzip, none;"
                    " hdf5/minari: gzip (default), lzf, none")
     e.add_argument("--level", type=int, help="compression level")
-    e.add_argument("--chunk-frames", type=int, help="frames per chunk (zarr 32, hdf5/minari 64)")
-    e.add_argument("--next-observations", action="store_true", help="hdf5: also write next_observations")
+    e.add_argument("--chunk-frames", type=positive_int, help="frames per chunk (zarr 32, hdf5/minari 64)")
+    e.add_argument("--next-observations", action="store_true",
+                   help="hdf5/d4rl: also write next_observations, which keeps each episode's final observation")
     e.add_argument("--overwrite", action="store_true", help="replace an existing output")
     e.set_defaults(func=cmd_export)
     i = sub.add_parser("import", parents=[common], help="build a store from a dataset",
@@ -92,11 +142,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     i.add_argument("--format", choices=[*IMPORT_FORMATS], help="default: detected from SRC")
     i.add_argument("--suffixes", type=_suffixes, help="dqn-replay: checkpoint numbers, e.g. 1,2,5-7 (default: all)")
     i.add_argument("--dataset-id", help="minari: the dataset id under the root SRC")
-    i.add_argument("--stack", type=int, help="frames per state (default: the source's, else 1)")
-    i.add_argument("--n-step", type=int, help="n-step returns (default: the source's, else 1)")
-    i.add_argument("--gamma", type=float, help="discount (default: the source's, else 0.99)")
+    i.add_argument("--stack", type=positive_int, help="frames per state (default: the source's, else 1)")
+    i.add_argument("--n-step", type=positive_int, help="n-step returns (default: the source's, else 1)")
+    i.add_argument("--gamma", type=unit_float, help="discount (default: the source's, else 0.99)")
     i.add_argument("--pad", choices=["zeros", "first"], help="stack padding (default: the source's, else zeros)")
-    i.add_argument("--capacity", type=int, help="transitions kept (default: all of the source's)")
-    i.add_argument("--chunk-size", type=int, help="frame slots per chunk file (default: ~16 MB of frames)")
+    i.add_argument("--capacity", type=positive_int, help="transitions kept (default: all of the source's)")
+    i.add_argument("--chunk-size", type=positive_int, help="frame slots per chunk file (default: ~16 MB of frames)")
     i.add_argument("--seed", type=int, default=0, help="sampling seed of the new store")
     i.set_defaults(func=cmd_import)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..spaces import space_json
 from ..store import ReplayStore
 from ._common import (
     ExportResult,
@@ -103,21 +104,6 @@ def _action_space(given: Any, store_meta: dict[str, Any], shape: tuple[int, ...]
         start = min(0, int(lo))
         return {"type": "Discrete", "dtype": "int64", "start": start, "n": int(hi) - start + 1}, True
     return box_space(shape, dtype), True
-
-
-def space_json(space: Any) -> dict[str, Any]:
-    """Minari's JSON form of a Gymnasium Discrete/Box/MultiDiscrete space (without importing either)."""
-    kind = type(space).__name__
-    if kind == "Discrete":
-        return {"type": "Discrete", "dtype": "int64", "start": int(space.start), "n": int(space.n)}
-    if kind == "Box":
-        return {"type": "Box", "dtype": str(space.dtype), "shape": list(space.shape), "low": space.low.tolist(),
-                "high": space.high.tolist()}
-    if kind == "MultiDiscrete":
-        return {"type": "MultiDiscrete", "dtype": str(space.dtype), "nvec": space.nvec.tolist(),
-                "start": space.start.tolist()}
-    raise TypeError(f"action_space: expected a Discrete, Box or MultiDiscrete space (or Minari's JSON of one),"
-                    f" got {kind}")
 
 
 # -- export -------------------------------------------------------------------------------------------

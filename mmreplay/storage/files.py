@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import zlib
 
 import numpy as np
 
@@ -31,8 +32,10 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str, data: bytes | memoryview) -> None:
-    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file."""
+def write_atomic(path: str, data: bytes | memoryview) -> int:
+    """Replace ``path`` with ``data`` so that a crash leaves either the old or the new file.
+
+    Returns the CRC-32 of ``data`` (what a manifest records to check the file later)."""
     directory = os.path.dirname(os.path.abspath(path))
     tmp = f"{path}.tmp-{os.getpid()}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -51,10 +54,11 @@ def write_atomic(path: str, data: bytes | memoryview) -> None:
     os.close(fd)
     os.replace(tmp, path)
     fsync_dir(directory)
+    return zlib.crc32(data)
 
 
-def write_npy_atomic(path: str, array: np.ndarray) -> None:
-    """``write_atomic`` of an array as a plain ``.npy`` file (never pickled)."""
+def write_npy_atomic(path: str, array: np.ndarray) -> int:
+    """``write_atomic`` of an array as a plain ``.npy`` file (never pickled); returns its CRC-32."""
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
-    write_atomic(path, buf.getbuffer())
+    return write_atomic(path, buf.getbuffer())

@@ -103,7 +103,7 @@ class Workload:
         return out
 
     def expected(self, t: np.ndarray, n_step: int = N_STEP) -> dict[str, np.ndarray]:
-        """What a correct n-step batch row for transition t holds (DESIGN.md §2)."""
+        """What a correct n-step batch row for transition t holds (the row semantics of the README, "What a sampled row means")."""
         e, p = self.episode_of(t)
         left = self.lengths[e] - p
         m = np.minimum(n_step, left)

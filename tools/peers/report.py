@@ -100,7 +100,7 @@ def report(units: list[Any], source: str, installed: dict[str, list[list[str]]],
     body = [
         "## Peers: mmreplay against TorchRL, cpprb and Dopamine",
         "",
-        f"Reference workload (DESIGN.md §5): {source} cycled, 84x84 uint8, stack 4, n-step 3, gamma 0.99,",
+        f"Reference workload (see the top of this file): {source} cycled, 84x84 uint8, stack 4, n-step 3, gamma 0.99,",
         "batch 32, episodes of 100..3000 steps (seeded, all terminated), every buffer fed the same transitions",
         "and filled to 1.1x capacity one transition at a time through its add call (only the add calls are",
         "timed; building each call's input is not). Each buffer runs in its own process and virtual",
@@ -223,8 +223,8 @@ def paragraphs(extra: dict[str, str], versions: dict[str, dict[str, str]],
         " the n-1 rows before it keep it False (with `nonterminal` True and `gamma` = 0.99^m). Those rows"
         " bootstrap from the terminal observation unless the learner corrects for it. For terminal rows"
         " Dopamine returns an undefined next state, as its docstring says, and cpprb (Nstep) a left-over"
-        " one. mmreplay follows DESIGN.md §2 (discount 0 after a termination inside the window; next_obs ="
-        " the final observation's stack). All of them pad stacks at an episode start with zero frames"
+        " one. mmreplay returns discount 0 after a termination inside the window and next_obs ="
+        " the final observation's stack (README, \"What a sampled row means\"). All of them pad stacks at an episode start with zero frames"
         " here. RssAnon includes each interpreter's imports before any buffer exists: "
         + extra.get("base_rss", "") + ".",
     ]

@@ -1,0 +1,49 @@
+"""``mmreplay info`` / ``bench`` from the command line: what they print is the store's committed state."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.cli import main
+
+
+def _prioritized_store(path, beta_after):
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(2,), obs_dtype="float32",
+                              prioritized=mr.Prioritized(alpha=0.6, beta=0.4))
+    s.reset(np.zeros(2, np.float32))
+    for t in range(10):
+        s.step(0, 1.0, np.full(2, t, np.float32), t == 9, False)
+    s.update_priorities(np.arange(10), np.linspace(0.5, 3.0, 10))
+    s.beta = beta_after
+    s.close()  # commits
+    return str(path)
+
+
+def test_info_shows_the_committed_beta_not_the_create_time_one(tmp_path, capsys):
+    path = _prioritized_store(tmp_path / "s", 0.994)
+    assert main(["info", path]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("prioritized"))
+    assert "beta 0.994 (committed; 0.4 at create)" in line and "alpha 0.6" in line
+    assert "max priority 3" in line
+    with mr.ReplayStore.open(path, mode="r+") as s:  # a later commit changes what info says
+        s.beta = 1.0
+    assert main(["info", path]) == 0
+    assert "beta 1 (committed; 0.4 at create)" in capsys.readouterr().out
+
+
+def test_info_on_a_uniform_store(tmp_path, capsys):
+    with mr.ReplayStore.create(tmp_path / "u", capacity=10, obs_shape=(2,)) as s:
+        s.reset(np.zeros(2, np.uint8))
+        s.step(0, 0.0, np.ones(2, np.uint8), True, False)
+    assert main(["info", str(tmp_path / "u")]) == 0
+    assert "prioritized - (uniform sampling)" in capsys.readouterr().out
+
+
+def test_bench_capacity_has_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--capacity CAPACITY store capacity in transitions (default: 20000)" in text
