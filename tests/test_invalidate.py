@@ -312,3 +312,20 @@ def test_the_model_minus_what_was_taken_out(tmp_path_factory, plan, stack, n_ste
             for j, i in enumerate(want):
                 assert_row_equal(b, j, model.row(i))
     store.close()
+
+
+def test_a_damaged_validity_file_is_named(tmp_path):
+    path = tmp_path / "s"
+    s = _store(path)
+    _fill(s, 40)
+    s.invalidate([3, 4, 9])
+    s.close()
+    rel = json.load(open(path / "manifest.json"))["validity"]["file"]
+    np.save(path / rel, np.array([[3, 5], [9, 11]], np.int64))  # different ranges, same shape
+    assert any(rel in p and "checksum" in p for p in mr.verify_store(str(path)))
+    np.save(path / rel, np.zeros(4))
+    with pytest.raises(mr.CorruptStoreError, match=r"invalid\.\d+\.npy: holds float64\[4\], expected int64\[k, 2\]"):
+        mr.ReplayStore.open(path, mode="r")
+    os.unlink(path / rel)
+    with pytest.raises(mr.CorruptStoreError, match="state file named by the manifest is missing"):
+        mr.ReplayStore.open(path, mode="r")
