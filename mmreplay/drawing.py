@@ -52,7 +52,9 @@ class Drawer:
         run had drawn but not handed out (if they have this batch size), then continues from there.
         ``handout(rows)`` runs before each batch is handed out (the rate limit)."""
         pending: list[Draw] = []
-        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws):
+        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws) and \
+                index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all():
+            # (a manifest naming ids that are not sampleable is not handed out: draw afresh from ``rng``)
             pending = self._resume_draws
             self.rng.bit_generator.state = self._resume_rng
         self._resume_draws = []

@@ -173,7 +173,7 @@ class Durability:
         self.snapshots = [s for s in self.snapshots if s["path"] != target][-15:]
         self.snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})
         if keep is not None:
-            snapshot.prune_snapshots(snapshot.sibling_prefix(target), keep)
+            snapshot.prune_siblings(target, keep)
         return target
 
 
@@ -272,4 +272,7 @@ def restore_validity(root: str, manifest: dict[str, Any], index: Index) -> None:
             raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
         if ranges.dtype != np.int64 or ranges.ndim != 2 or ranges.shape[1] != 2:
             raise CorruptStoreError(f"{path}: holds {ranges.dtype}{list(ranges.shape)}, expected int64[k, 2]")
+        if (ranges[:, 0] >= ranges[:, 1]).any() or (ranges[1:, 0] < ranges[:-1, 1]).any() or (ranges < 0).any():
+            raise CorruptStoreError(f"{path}: the invalidated id ranges must be sorted, disjoint, non-empty"
+                                    " [lo, hi) pairs of ids >= 0; the file is damaged")
     index.apply_validity(ranges, clear_id, clear_row)

@@ -377,10 +377,12 @@ class Index:
         if self.rows == self._synced_rows:
             return _EMPTY  # nothing was written: no window can have closed
         self._synced_rows = self.rows
+        # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
+        block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
         while True:
             starts = np.maximum(self.checked, self.oldest_row)
-            stops = np.minimum(starts + self.BLOCK, self.rows)
+            stops = np.minimum(starts + block, self.rows)
             if int((stops - starts).sum()) <= 0:
                 self.checked[:] = starts
                 break

@@ -26,6 +26,7 @@ from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
+from .storage.validate import check_files
 
 
 @dataclass
@@ -232,6 +233,7 @@ class ChunkLog:
                       listener: RingListener) -> ChunkLog:
         """Map the committed chunks and rebuild the index from their flags column."""
         mpath = os.path.join(root, "manifest.json")
+        check_files(root, body, schema)  # plain files only, no links; state files as FORMAT.md says
         try:
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
                                 bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]

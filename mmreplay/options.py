@@ -6,7 +6,9 @@ builds from its keyword arguments and what every later ``open()`` reads back.
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,13 @@ __all__ = ["Prioritized", "RateLimit", "Schema", "ExtraSpec"]
 PAGE_ROWS = 4096  # a chunk's stride in the ring is a multiple of this many rows (see FORMAT.md)
 MAX_MAPPED_FILES = 30_000  # chunk files mapped at once: half of Linux's default vm.max_map_count
 TARGET_CHUNK_BYTES = 16 * 2**20
+# Resource bounds, checked before anything is allocated or created (see validate_limits).
+MAX_STACK = 1_000  # frames per state: a batch gathers B x stack frames
+MAX_N_STEP = 1_000  # n-step window: the index examines rows x n_step entries, a batch B x n_step
+MAX_ROW_BYTES = 2**28  # one frame, action or extra value: 256 MiB
+MAX_RESERVED_BYTES = 2**46  # address space the ring reserves (all columns): 64 TiB of x86-64's 128 TiB
+INDEX_BYTES_PER_SLOT = 22  # in-RAM index per ring slot: flags 1, epos 4, slot_id 8, valid 1, id2slot 8
+PRIORITY_BYTES_PER_SLOT = 26  # prioritized stores add raw priority 8, sum tree ~17, dirty mask 1
 
 
 def _check_real(name: str, value: Any, lo: float, hi: float, lo_open: bool = False) -> float:
@@ -124,6 +133,8 @@ def _shape(name: str, value: Any) -> tuple[int, ...]:
         raise TypeError(f"{name} must be a tuple of ints, got {value!r}") from None
     if any(v <= 0 for v in shp):
         raise ValueError(f"{name} must have positive sizes, got {shp}")
+    if len(shp) > 32:
+        raise ValueError(f"{name} must have at most 32 dimensions, got {len(shp)}")
     return shp
 
 
@@ -185,16 +196,24 @@ class Schema:
         prioritized: Any = None,
         rate_limit: Any = None,
         quantize: Any = False,
+        stored: bool = False,
     ) -> Schema:
-        """Validate user-facing ``create()`` arguments and pick the defaults that depend on others."""
+        """Validate user-facing ``create()`` arguments and pick the defaults that depend on others.
+
+        ``stored``: the schema is read back from a manifest (``from_json``), so the checks that only
+        guard new stores (``chunk_size`` against ``capacity``) are skipped: existing stores stay openable.
+        """
         capacity = _int("capacity", capacity, 1)
         obs_shape = _shape("obs_shape", obs_shape)
         obs_dtype = _dtype("obs_dtype", obs_dtype)
+        _check_row_bytes("obs_shape", obs_shape, obs_dtype)
         stack = _int("stack", stack, 1)
         n_step = _int("n_step", n_step, 1)
+        validate_window(stack, n_step)
         gamma = _check_real("gamma", gamma, 0.0, 1.0)
         action_shape = () if action_shape == () else _shape("action_shape", action_shape)
         action_dtype = _dtype("action_dtype", action_dtype)
+        _check_row_bytes("action_shape", action_shape, action_dtype)
         num_envs = _int("num_envs", num_envs, 1)
         if vector is None:
             vector = num_envs > 1
@@ -214,8 +233,10 @@ class Schema:
                 shp, dt = spec
             except (TypeError, ValueError):
                 raise TypeError(f"extras[{name!r}] must be (shape, dtype), e.g. ((), 'float32'), got {spec!r}") from None
-            specs.append(ExtraSpec(name, () if shp == () else _shape(f"extras[{name!r}] shape", shp),
-                                   _dtype(f"extras[{name!r}] dtype", dt)))
+            spec_ = ExtraSpec(name, () if shp == () else _shape(f"extras[{name!r}] shape", shp),
+                              _dtype(f"extras[{name!r}] dtype", dt))
+            _check_row_bytes(f"extras[{name!r}] shape", spec_.shape, spec_.dtype)
+            specs.append(spec_)
         frame_bytes = int(np.prod(obs_shape)) * obs_dtype.itemsize
         if chunk_size is None:
             chunk_size = default_chunk_size(capacity, frame_bytes, num_envs)
@@ -225,6 +246,8 @@ class Schema:
                 raise ValueError(
                     f"chunk_size must be a multiple of num_envs={num_envs} (each env gets an equal share of"
                     f" every chunk), got {chunk_size}; use {chunk_size + num_envs - chunk_size % num_envs}")
+            if not stored:
+                _check_chunk_size(chunk_size, capacity, stack, num_envs)
         # Every chunk file is a memory mapping, and Linux allows ~65,000 per process (vm.max_map_count).
         files = (-(-capacity // chunk_size) + 2) * (4 + len(specs))
         if files > MAX_MAPPED_FILES:
@@ -244,8 +267,10 @@ class Schema:
         if quantize and obs_dtype != np.uint8:
             raise ValueError(f"quantize=True stores frames in [0, 1] as uint8 (round(x * 255)): it needs"
                              f" obs_dtype='uint8', got obs_dtype={obs_dtype}; drop quantize or use uint8")
-        return cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
-                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize))
+        schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
+                     tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize))
+        validate_ring(schema, planned_positions(schema))
+        return schema
 
     @property
     def frame_bytes(self) -> int:
@@ -291,8 +316,90 @@ class Schema:
             num_envs=d["num_envs"], vector=d["vector"], pad=d["pad"], chunk_size=d["chunk_size"],
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
             rate_limit=None if d.get("rate_limit") is None else RateLimit.from_json(d["rate_limit"]),
-            quantize=bool(d.get("quantize", False)),
+            quantize=d.get("quantize", False),
+            stored=True,
         )
+
+
+# -- resource bounds ----------------------------------------------------------------------------------
+def validate_window(stack: int, n_step: int) -> None:
+    """``stack`` and ``n_step`` bound the work of every batch and of the index: refuse absurd values."""
+    for name, value, most, why in (
+            ("stack", stack, MAX_STACK, "every sampled row gathers 2 x stack frames"),
+            ("n_step", n_step, MAX_N_STEP, "every sampled row reads n_step rewards, and deciding which rows are"
+                                          " sampleable examines rows x n_step flags")):
+        if value > most:
+            raise ValueError(f"{name}={value:,} is too large: at most {most:,} is supported ({why}); use a"
+                             f" smaller {name}")
+
+
+def _check_row_bytes(name: str, shape: tuple[int, ...], dtype: np.dtype) -> None:
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no int64 overflow for absurd shapes
+    if nbytes > MAX_ROW_BYTES:
+        raise ValueError(f"{name}={shape} of {dtype} is {nbytes:,} bytes per row; at most {MAX_ROW_BYTES:,}"
+                         f" ({MAX_ROW_BYTES >> 20} MiB) per frame, action or extra is supported")
+
+
+def _chunk_unit(num_envs: int) -> int:
+    return PAGE_ROWS * num_envs // math.gcd(PAGE_ROWS, num_envs)
+
+
+def _check_chunk_size(chunk_size: int, capacity: int, stack: int, num_envs: int) -> None:
+    """A chunk larger than the whole store needs only allocates space nobody uses (the ring keeps two
+    or three chunks whatever their size)."""
+    need = -(-(capacity + stack * num_envs) // num_envs) * num_envs
+    most = max(_chunk_unit(num_envs), need)
+    if chunk_size > most:
+        raise ValueError(
+            f"chunk_size={chunk_size:,} is more frame slots than this store can use: capacity={capacity:,}"
+            f" transitions plus their stack history fit in {need:,} slots, and the ring keeps two or three"
+            f" chunks; use chunk_size <= {most:,}, or None for the default")
+
+
+def planned_positions(schema: Schema) -> int:
+    """Ring positions a new store starts with (the chunk log's ``initial_positions``)."""
+    need = schema.capacity + schema.stack * schema.num_envs
+    return -(-need // schema.chunk_size) + 2
+
+
+@functools.cache
+def memory_limit() -> int:
+    """Bytes of memory this process may use at most: physical RAM, or a smaller cgroup limit."""
+    try:
+        limit = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        limit = 2**62
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            limit = min(limit, int(text))
+    return limit
+
+
+def validate_ring(schema: Schema, positions: int) -> None:
+    """Refuse a store whose ring of ``positions`` chunks cannot be held: the in-RAM index (and sum tree)
+    must fit in this machine's memory, the reserved address space in the process's. Raises ValueError
+    naming ``capacity``/``chunk_size`` (checked before anything is created or allocated)."""
+    slots = positions * schema.rows_alloc
+    per_slot = INDEX_BYTES_PER_SLOT + (PRIORITY_BYTES_PER_SLOT if schema.prioritized is not None else 0)
+    ram, limit = slots * per_slot, memory_limit()
+    if ram > limit:
+        raise ValueError(
+            f"capacity={schema.capacity:,} with chunk_size={schema.chunk_size:,} needs {slots:,} ring slots, an"
+            f" in-RAM index of {ram / 2**30:,.1f} GiB; this machine allows {limit / 2**30:,.1f} GiB: use a"
+            " smaller capacity or chunk_size")
+    row = math.prod(schema.obs_shape) * schema.obs_dtype.itemsize + math.prod(schema.action_shape) * schema.action_dtype.itemsize + 5 + sum(
+        math.prod(e.shape) * e.dtype.itemsize for e in schema.extras)
+    reserved = slots * row
+    if reserved > MAX_RESERVED_BYTES:
+        raise ValueError(
+            f"capacity={schema.capacity:,} with chunk_size={schema.chunk_size:,} and {row:,} bytes per row needs"
+            f" {reserved / 2**40:,.1f} TiB of address space for its ring (at most {MAX_RESERVED_BYTES >> 40} TiB):"
+            " use a smaller capacity, chunk_size or observation")
 
 
 _RESERVED = frozenset({"obs", "action", "reward", "flags", "next_obs", "discount", "terminated",
@@ -305,7 +412,7 @@ def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:
     Multiples of 4096 rows keep every column file page-aligned without padding;
     the 1/8 cap bounds the slack (up to two chunks) a small store carries.
     """
-    unit = PAGE_ROWS * num_envs // math.gcd(PAGE_ROWS, num_envs)
+    unit = _chunk_unit(num_envs)
     by_bytes = max(1, TARGET_CHUNK_BYTES // max(frame_bytes, 1))
     by_capacity = max(1, capacity // 8)
     rows = min(by_bytes, by_capacity)

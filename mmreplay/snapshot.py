@@ -18,10 +18,11 @@ import shutil
 import time
 from typing import Any
 
-from .errors import NotAStoreError, StoreNotFoundError
+from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
 from .statefiles import referenced_files
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_file, chunk_of_file
+from .storage.validate import check_dirs, check_files
 
 SNAPSHOT_KEY = "snapshot_of"
 
@@ -59,6 +60,7 @@ def existing_generation(snapshot_dir: str) -> int:
         return 0
     if not os.path.isdir(snapshot_dir):
         raise NotAStoreError(f"save(): {snapshot_dir} is a file; give a new directory or an earlier snapshot")
+    check_dirs(snapshot_dir)  # files are written and deleted under chunks/ and state/: never through a link
     if not os.path.exists(os.path.join(snapshot_dir, MANIFEST)):
         entries = set(os.listdir(snapshot_dir)) - {"chunks", "state"}
         if entries:
@@ -117,6 +119,7 @@ def read_snapshot(snapshot_dir: str) -> dict[str, Any]:
     doc = read_manifest(snapshot_dir, what="snapshot")
     if SNAPSHOT_KEY not in doc:
         raise NotAStoreError(f"{snapshot_dir}: a store, not a snapshot; open it with ReplayStore.open()")
+    check_files(snapshot_dir, doc)
     return doc
 
 
@@ -157,25 +160,34 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
 _TRAILING_DIGITS = re.compile(r"\d+$")
 
 
-def prune_snapshots(prefix: str, keep: int) -> list[str]:
-    """Keep the ``keep`` newest snapshots among directories whose path starts with ``prefix``; remove the rest.
+def prune_snapshots(prefix: str, keep: int, *, of: str | os.PathLike[str] | None = None) -> list[str]:
+    """Keep the ``keep`` newest snapshots named ``prefix`` followed by digits only; remove the others.
 
-    Only directories holding a readable snapshot manifest are considered (anything else is left alone);
-    newest = latest ``saved_at``. Each removal renames the directory first, so an interrupted prune never
-    leaves a half-deleted directory that still looks like a snapshot. Returns the removed paths.
+    ``prefix`` is a path whose last part is the name's stem: ``"ckpt/replay-"`` matches
+    ``ckpt/replay-000300`` and ``ckpt/replay-`` itself, never ``ckpt/replay-best`` or
+    ``ckpt/replay-2023-final`` (``"ckpt/"``: names of digits only). Only directories holding a
+    readable snapshot manifest count (anything else is left alone); with ``of``, only snapshots of
+    the store at that path (their manifest's ``snapshot_of.path``). Newest = latest ``saved_at``. Each removal renames the directory first, so
+    an interrupted prune never leaves a half-deleted directory that still looks like a snapshot.
+    Returns the removed paths.
     """
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise ValueError(f"keep: expected an int >= 1, got {keep!r}")
+    prefix = os.fspath(prefix)
     parent = os.path.dirname(os.path.abspath(prefix)) or "."
-    stem = os.path.basename(prefix)
+    stem = "" if prefix.endswith(os.sep) else os.path.basename(prefix)
+    pattern = re.compile(re.escape(stem) + r"\d*" if stem else r"\d+")  # "ckpt/": names of digits only
+    store = None if of is None else os.path.abspath(os.fspath(of))
     found = []
     for name in os.listdir(parent) if os.path.isdir(parent) else []:
         full = os.path.join(parent, name)
-        if not name.startswith(stem) or not os.path.isdir(full):
+        if not pattern.fullmatch(name) or os.path.islink(full) or not os.path.isdir(full):
             continue
         try:
             doc = read_snapshot(full)
-        except (NotAStoreError, StoreNotFoundError, ValueError):
+        except (MMReplayError, ValueError, OSError):
+            continue
+        if store is not None and doc[SNAPSHOT_KEY].get("path") != store:
             continue
         found.append((float(doc[SNAPSHOT_KEY].get("saved_at", 0.0)), full))
     found.sort()
@@ -191,5 +203,12 @@ def prune_snapshots(prefix: str, keep: int) -> list[str]:
 
 
 def sibling_prefix(snapshot_dir: str) -> str:
-    """``ckpt/replay-000300`` -> ``ckpt/replay-``: the prefix ``save(keep=)`` prunes by."""
+    """``ckpt/replay-000300`` -> ``ckpt/replay-``: the stem ``save(keep=)`` prunes by (then digits only)."""
     return _TRAILING_DIGITS.sub("", os.path.abspath(snapshot_dir).rstrip("/"))
+
+
+def prune_siblings(snapshot_dir: str, keep: int) -> list[str]:
+    """What ``save(snapshot_dir, keep=N)`` prunes: the snapshots named like ``snapshot_dir`` (its stem, then
+    digits only) that are snapshots of the same store as ``snapshot_dir``; the ``keep`` newest stay."""
+    doc = read_snapshot(snapshot_dir)
+    return prune_snapshots(sibling_prefix(snapshot_dir), keep, of=doc[SNAPSHOT_KEY]["path"])

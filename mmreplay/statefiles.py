@@ -69,7 +69,7 @@ def checksums(doc: dict[str, Any], earlier: dict[str, int], written: dict[str, i
     return {rel: known[rel] for rel in referenced_files(doc) if rel in known}
 
 
-def check_files(root: str, doc: dict[str, Any]) -> list[str]:
+def check_state_files(root: str, doc: dict[str, Any]) -> list[str]:
     """Problems with the state files a manifest refers to: missing, or not the bytes it recorded."""
     problems = []
     recorded = doc.get("state_crc32") or {}

@@ -683,8 +683,9 @@ class ReplayStore:
         Sealed chunks are hard-linked (copied across filesystems), the open chunk and the state files
         copied, the manifest written last: O(one chunk + index), whatever the capacity. Saving into an
         existing snapshot replaces it atomically (the old one stays loadable until the new one is
-        complete). ``keep=N`` then removes all but the N newest snapshots among ``snapshot_dir``'s
-        siblings named like it up to its trailing digits (``ckpt/replay-000300`` -> ``ckpt/replay-*``).
+        complete). ``keep=N`` then removes all but the N newest snapshots of this store named like
+        ``snapshot_dir`` up to its trailing digits (``ckpt/replay-000300``: ``ckpt/replay-`` followed by
+        digits only); ``ckpt/replay-best``, ``ckpt/baseline`` and other stores' snapshots are never touched.
         Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
         """
         self._check_open()

@@ -17,16 +17,18 @@ import numpy as np
 from .errors import MMReplayError
 from .layout import START
 from .options import Schema
-from .statefiles import check_files
+from .statefiles import check_state_files
 from .storage import npyfile
 from .storage.manifest import read_manifest
 from .storage.ring import chunk_file, columns_for, crc32_file_data
+from .storage.validate import check_files
 
 
 def verify_store(path: str) -> list[str]:
     """Return the problems found in the store or snapshot at ``path`` (an empty list: all good)."""
     try:
         doc = read_manifest(path)
+        check_files(path, doc)
     except (MMReplayError, OSError) as exc:
         return [str(exc)]
     mpath = os.path.join(path, "manifest.json")
@@ -76,7 +78,7 @@ def verify_store(path: str) -> list[str]:
             del flags, per_stream
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
-    problems += check_files(path, doc)
+    problems += check_state_files(path, doc)
     if not problems:
         problems += _open_check(path)
     return problems

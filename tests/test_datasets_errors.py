@@ -13,6 +13,7 @@ import h5py
 import numpy as np
 import pytest
 from helpers import require
+from hostile import run_limited
 
 import mmreplay as mr
 from mmreplay.datasets import DatasetError, DatasetNotFoundError, describe, export, import_dataset
@@ -206,3 +207,296 @@ def test_bad_arguments(tmp_path):
     (tmp_path / "junk").mkdir()
     with pytest.raises(DatasetError, match="not a recognised dataset"):
         describe(tmp_path / "junk")
+
+
+# -- hostile files (issue 12): sizes checked before allocating, nothing outside the file followed ---------
+def _gzip_zeros_declaring(path, shape, dtype):
+    """A gzip'd .npy whose header declares ``shape`` and whose stream inflates to that many zero bytes,
+    built from one repeated full-flush deflate block (a 3 GB declaration costs ~3 MB and milliseconds)."""
+    import zlib
+
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, {"descr": np.dtype(dtype).str, "fortran_order": False,
+                                               "shape": tuple(shape)})
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    total = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    with open(path, "wb") as f:
+        f.write(co.compress(head.getvalue()) + co.flush(zlib.Z_FULL_FLUSH))
+        mib = co.compress(b"\0" * (1 << 20)) + co.flush(zlib.Z_FULL_FLUSH)
+        for _ in range(total >> 20):
+            f.write(mib)
+        f.write(co.flush())
+
+
+def _dopamine_dir(d, slots=50):
+    """A minimal Dopamine checkpoint 0 with slots rows (the files _scan reads before invalid_range)."""
+    import gzip
+
+    d.mkdir()
+    arrays = {"$store$_observation": np.zeros((slots, 4), np.uint8), "$store$_action": np.zeros(slots, np.int32),
+              "$store$_reward": np.zeros(slots, np.float32), "$store$_terminal": np.zeros(slots, np.uint8),
+              "add_count": np.array(20, np.int64), "invalid_range": np.arange(17, 22, dtype=np.int64)}
+    for name, arr in arrays.items():
+        with gzip.open(d / f"{name}_ckpt.0.gz", "wb") as g:
+            np.save(g, arr, allow_pickle=False)
+    return d
+
+
+def test_dqn_replay_invalid_range_bomb_is_refused_in_bounded_memory(tmp_path):
+    """A 3 MB invalid_range whose header declares 3.2 GB was inflated in full before being rejected."""
+    d = _dopamine_dir(tmp_path / "replay_logs")
+    _gzip_zeros_declaring(d / "invalid_range_ckpt.0.gz", (400_000_000,), np.int64)
+    assert os.path.getsize(d / "invalid_range_ckpt.0.gz") < 4 << 20
+    r = run_limited(f"""
+        import time
+        from mmreplay.datasets import DatasetError, import_dataset
+        t = time.perf_counter()
+        try:
+            import_dataset({str(d)!r}, {str(tmp_path / 's')!r}, format="dqn-replay", progress=False)
+        except DatasetError as exc:
+            print("REFUSED", time.perf_counter() - t, peak_kib(), exc)
+    """)
+    assert r.stdout.startswith("REFUSED"), (r.stdout, r.stderr[-2000:])
+    _, seconds, maxrss_kib, message = r.stdout.split(" ", 3)
+    assert float(seconds) < 1.0 and int(maxrss_kib) < 500 * 1024, r.stdout
+    assert "invalid_range" in message and "400,000,000" in message and "at most 2,000" in message
+    assert not (tmp_path / "s").exists()
+
+
+def test_gzip_header_declaring_more_than_the_file_can_inflate_to(tmp_path):
+    d = _dopamine_dir(tmp_path / "replay_logs")
+    import gzip
+
+    with gzip.open(d / "$store$_observation_ckpt.0.gz", "wb") as g:  # 7 GB of frames declared, none stored
+        np.lib.format.write_array_header_1_0(g, {"descr": "|u1", "fortran_order": False,
+                                                 "shape": (1_000_000, 84, 84)})
+    refused(tmp_path, d, DatasetError, "$store$_observation", "7,056,000,000 bytes", "deflate", format="dqn-replay")
+
+
+def test_dqn_replay_episode_end_indices_bomb(tmp_path):
+    d = _dopamine_dir(tmp_path / "replay_logs")
+    import zlib
+
+    co = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(d / "episode_end_indices_ckpt.0.gz", "wb") as f:  # inflates to 1 GiB
+        f.write(co.compress(b"\0" * (1 << 20)) + co.flush(zlib.Z_FULL_FLUSH))
+        f.write((co.compress(b"\0" * (1 << 20)) + co.flush(zlib.Z_FULL_FLUSH)) * 1023 + co.flush())
+    refused(tmp_path, d, DatasetError, "episode_end_indices", "inflates to more than", format="dqn-replay")
+
+
+def _unwritten_h5(path, rows):
+    """A D4RL file whose datasets declare ``rows`` rows, chunked and compressed, with nothing written."""
+    with h5py.File(path, "w") as f:
+        for key, shape, dtype in (("observations", (rows, 3), np.float32), ("actions", (rows, 2), np.float32),
+                                  ("rewards", (rows,), np.float32), ("terminals", (rows,), bool)):
+            f.create_dataset(key, shape=shape, dtype=dtype, chunks=(1 << 16, *shape[1:]), compression="gzip")
+
+
+def test_hdf5_declaring_huge_shapes_is_refused_at_once(tmp_path):
+    p = tmp_path / "x.hdf5"
+    _unwritten_h5(p, 10**11)
+    r = run_limited(f"""
+        import time
+        from mmreplay.datasets import DatasetError, import_dataset
+        t = time.perf_counter()
+        try:
+            import_dataset({str(p)!r}, {str(tmp_path / 's')!r}, progress=False)
+        except DatasetError as exc:
+            print("REFUSED", time.perf_counter() - t, exc)
+    """)
+    assert r.stdout.startswith("REFUSED"), (r.stdout, r.stderr[-2000:])
+    assert float(r.stdout.split()[1]) < 1.0
+    assert "'observations'" in r.stdout and "stored data" in r.stdout
+    assert not (tmp_path / "s").exists()
+
+
+def test_hdf5_frames_larger_than_a_store_holds(tmp_path):
+    p = tmp_path / "x.hdf5"
+    with h5py.File(p, "w") as f:
+        f.create_dataset("observations", shape=(2, 20000, 20000), dtype=np.uint8, chunks=(1, 64, 64),
+                         compression="gzip")
+        f["actions"] = np.zeros(2, np.int64)
+        f["rewards"] = np.zeros(2, np.float32)
+        f["terminals"] = np.zeros(2, bool)
+    refused(tmp_path, p, DatasetError, "'observations'", "bytes each", "at most")
+
+
+def _minari_rewrite(minari_dir, change):
+    path = minari_dir / "data" / "main_data.hdf5"
+    with h5py.File(path, "a") as f:
+        change(f)
+    return path
+
+
+def test_minari_episode_declaring_huge_shapes(tmp_path, minari_dir):
+    def huge(f):
+        del f["episode_1/rewards"]
+        f["episode_1"].create_dataset("rewards", shape=(10**11,), dtype=np.float32, chunks=(1 << 16,),
+                                      compression="gzip")
+
+    _minari_rewrite(minari_dir, huge)
+    r = run_limited(f"""
+        from mmreplay.datasets import DatasetError, import_dataset
+        try:
+            import_dataset({str(minari_dir)!r}, {str(tmp_path / 's')!r}, progress=False)
+        except DatasetError as exc:
+            print("REFUSED", exc)
+    """)
+    assert r.stdout.startswith("REFUSED") and "'rewards'" in r.stdout, (r.stdout, r.stderr[-2000:])
+
+
+def test_minari_total_episodes_beyond_the_file(tmp_path, minari_dir):
+    p = minari_dir / "data" / "metadata.json"
+    meta = json.load(open(p))
+    for bad in (10**12, "3", -1, 2.5):
+        meta["total_episodes"] = bad
+        json.dump(meta, open(p, "w"))
+        refused(tmp_path, minari_dir, DatasetError, "episode" if bad == 10**12 else "total_episodes", format="minari")
+
+
+def _zarr_source(tmp_path):
+    src = small_store(tmp_path / "src")
+    export(src, tmp_path / "d.zarr", progress=False)
+    return tmp_path / "d.zarr"
+
+
+def _zarr_resize(root, names, rows):
+    """Declare ``rows`` rows for arrays ``names`` (metadata only: nothing more is stored)."""
+    import warnings
+
+    import zarr
+
+    for name in names:
+        meta_path = root / name / "zarr.json"
+        meta = json.load(open(meta_path))
+        meta["shape"][0] = rows
+        json.dump(meta, open(meta_path, "w"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(root))
+
+
+def test_zarr_declaring_more_episodes_than_steps(tmp_path):
+    root = _zarr_source(tmp_path)
+    _zarr_resize(root, [f"episodes/{n}" for n in ("obs_start", "step_start", "length", "return", "final_missing")],
+                 10**11)
+    refused(tmp_path, root, DatasetError, "100,000,000,000 episodes", "steps")
+
+
+ZARR_ARRAYS = ["observations", "actions", "rewards", "terminations", "truncations",
+               *(f"episodes/{n}" for n in ("obs_start", "step_start", "length", "return", "final_missing"))]
+
+
+def test_zarr_declaring_huge_shapes_in_tiny_objects(tmp_path):
+    root = _zarr_source(tmp_path)
+    _zarr_resize(root, ZARR_ARRAYS, 10**11)
+    refused(tmp_path, root, DatasetError, "declares 100,000,000,000 rows", "objects")
+
+
+@pytest.mark.parametrize("rows", [10**6, 10**7])
+def test_zarr_declaring_huge_shapes_is_refused_in_bounded_memory(tmp_path, rows):
+    """Every array declares many more rows than it stores: the episode tables were read whole (from
+    fill values), an import had to get through all of them before noticing."""
+    root = _zarr_source(tmp_path)
+    _zarr_resize(root, ZARR_ARRAYS, rows)
+    r = run_limited(f"""
+        import time
+        from mmreplay.datasets import DatasetError, import_dataset
+        t = time.perf_counter()
+        try:
+            import_dataset({str(root)!r}, {str(tmp_path / 's')!r}, progress=False)
+        except DatasetError as exc:
+            print("REFUSED", time.perf_counter() - t, peak_kib(), exc)
+    """)
+    assert r.stdout.startswith("REFUSED"), (r.stdout, r.stderr[-2000:])
+    _, seconds, maxrss_kib, message = r.stdout.split(" ", 3)
+    assert float(seconds) < 1.0 and int(maxrss_kib) < 500 * 1024, r.stdout
+    assert "episode 3 has length 0" in message
+    assert not (tmp_path / "s").exists()
+    with pytest.raises(DatasetError, match="episode 3"):
+        describe(root)
+
+
+def _d4rl_with(path, obs):
+    with h5py.File(path, "a") as f:
+        f["actions"] = np.zeros((10, 2), np.float32)
+        f["rewards"] = np.zeros(10, np.float32)
+        f["terminals"] = np.zeros(10, bool)
+        obs(f)
+
+
+@pytest.mark.parametrize("kind", ["external link", "soft link through an external link", "external storage",
+                                  "virtual dataset", "external infos"])
+def test_hdf5_data_outside_the_file_is_refused_not_followed(tmp_path, kind):
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f["obs"] = np.ones((10, 3), np.float32)
+        f["grp/obs"] = np.ones((10, 3), np.float32)
+    raw = tmp_path / "raw.bin"
+    raw.write_bytes(np.ones((10, 3), np.float32).tobytes())
+    p = tmp_path / "x.hdf5"
+
+    def obs(f):
+        if kind == "external link":
+            f["observations"] = h5py.ExternalLink(str(other), "/obs")
+        elif kind == "soft link through an external link":
+            f["ext"] = h5py.ExternalLink(str(other), "/grp")
+            f["observations"] = h5py.SoftLink("/ext/obs")
+        elif kind == "external storage":
+            f.create_dataset("observations", shape=(10, 3), dtype=np.float32, external=[(str(raw), 0, 120)])
+        elif kind == "virtual dataset":
+            layout = h5py.VirtualLayout(shape=(10, 3), dtype=np.float32)
+            layout[:] = h5py.VirtualSource(str(other), "obs", shape=(10, 3))
+            f.create_virtual_dataset("observations", layout)
+        else:
+            f["observations"] = np.ones((10, 3), np.float32)
+            f["infos/qpos"] = h5py.ExternalLink(str(other), "/obs")
+
+    _d4rl_with(p, obs)
+    words = {"external link": "external link", "soft link through an external link": "external link",
+             "external storage": "external files", "virtual dataset": "virtual dataset",
+             "external infos": "external link"}[kind]
+    refused(tmp_path, p, DatasetError, str(p), words, "in the file itself")
+    with pytest.raises(DatasetError, match=words):
+        describe(p)
+
+
+def test_hdf5_soft_links_inside_the_file_are_followed(tmp_path):
+    p = tmp_path / "x.hdf5"
+
+    def obs(f):
+        f["data/obs"] = np.arange(30, dtype=np.float32).reshape(10, 3)
+        f["observations"] = h5py.SoftLink("/data/obs")
+
+    _d4rl_with(p, obs)
+    with import_dataset(p, tmp_path / "s", progress=False) as s:
+        assert np.array_equal(s.episode_frames(s.episodes(), 0)[:10], np.arange(30, dtype=np.float32).reshape(10, 3))
+
+
+def test_minari_episode_behind_an_external_link(tmp_path, minari_dir):
+    path = minari_dir / "data" / "main_data.hdf5"
+    other = tmp_path / "other.h5"
+    with h5py.File(path, "a") as f, h5py.File(other, "w") as o:
+        f.copy(f["episode_2"], o, "episode_2")
+        del f["episode_2"]
+        f["episode_2"] = h5py.ExternalLink(str(other), "/episode_2")
+    refused(tmp_path, minari_dir, DatasetError, "episode_2", "external link")
+
+
+def test_minari_jpeg_frame_of_the_wrong_size(tmp_path):
+    Image = require("PIL.Image")
+    src = small_store(tmp_path / "src", obs_shape=(32, 32), dtype="uint8")
+    export(src, tmp_path / "root", format="minari", dataset_id="t/jpeg-v0", progress=False)
+    data = tmp_path / "root" / "t" / "jpeg-v0" / "data"
+    meta = json.load(open(data / "metadata.json"))
+    del meta["jpeg_encoding"]
+    json.dump(meta, open(data / "metadata.json", "w"))
+    with h5py.File(data / "main_data.hdf5", "a") as f:
+        n = f["episode_0"]["observations"].shape[0]
+        del f["episode_0"]["observations"]
+        buf = io.BytesIO()
+        Image.fromarray(np.zeros((4000, 4000), np.uint8)).save(buf, format="JPEG")
+        ds = f["episode_0"].create_dataset("observations", (n,), dtype=h5py.vlen_dtype(np.uint8))
+        for i in range(n):
+            ds[i] = np.frombuffer(buf.getvalue(), np.uint8)
+    refused(tmp_path, data.parent, DatasetError, "4000x4000", "(32, 32)")

@@ -329,3 +329,70 @@ def test_a_damaged_validity_file_is_named(tmp_path):
     os.unlink(path / rel)
     with pytest.raises(mr.CorruptStoreError, match="state file named by the manifest is missing"):
         mr.ReplayStore.open(path, mode="r")
+
+
+def test_a_forged_validity_record_is_refused_before_a_file_is_read(tmp_path):
+    from mmreplay.storage.manifest import write_manifest
+
+    path = tmp_path / "s"
+    s = _store(path)
+    _fill(s, 40)
+    s.invalidate([3, 4, 9])
+    s.close()
+    doc = json.load(open(path / "manifest.json"))
+    rel = doc["validity"]["file"]
+    body = {k: v for k, v in doc.items() if k not in ("format", "format_version", "checksum")}
+    for field, value, msg in [("file", "../../outside.npy", "validity.file"),
+                              ("cleared_below", 10**6, "validity.cleared_below"),
+                              ("invalid_ids", -1, "validity.invalid_ids")]:
+        write_manifest(str(path), {**body, "validity": {**doc["validity"], field: value}})
+        with pytest.raises(mr.CorruptStoreError, match=msg):
+            mr.ReplayStore.open(path, mode="r")
+    write_manifest(str(path), body)
+    np.save(path / rel, np.array([[0, 30], [5, 40]], np.int64))  # overlapping ranges
+    with pytest.raises(mr.CorruptStoreError, match="sorted, disjoint"):
+        mr.ReplayStore.open(path, mode="r")
+
+
+_GARBAGE = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.text(max_size=8),
+                                  st.floats(allow_nan=True), st.sampled_from(["../x.npy", "state/invalid.npy"])),
+                        lambda inner: st.one_of(st.lists(inner, max_size=3),
+                                                st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+                        max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["validity", "rate_limit"]), field=st.sampled_from(
+    [None, "cleared_below", "cleared_row", "invalid_ids", "file", "inserted", "sampled", "sampled_total", "size"]),
+    value=_GARBAGE)
+def test_mutated_records_open_or_raise_a_documented_error(tmp_path_factory, key, field, value):
+    from mmreplay.storage.manifest import write_manifest
+
+    path = tmp_path_factory.mktemp("mut") / "s"
+    s = mr.ReplayStore.create(path, capacity=200, obs_shape=(2,), obs_dtype="int32", n_step=2, chunk_size=32,
+                              rate_limit=mr.RateLimit(1.0, 5, 100.0, timeout=0))
+    _fill(s, 30)
+    s.sample(4)
+    s.invalidate([2, 3])
+    s.close()
+    doc = json.load(open(path / "manifest.json"))
+    body = {k: v for k, v in doc.items() if k not in ("format", "format_version", "checksum")}
+    if field is None:
+        body[key] = value
+    else:
+        body[key] = {**body[key], field: value}
+    try:
+        write_manifest(str(path), body)
+    except (TypeError, ValueError):
+        return  # not writable as JSON
+    os.unlink(path / "ratelimit.npy")  # made again from the (mutated) record
+    for mode in ("r", "r+"):
+        try:
+            r = mr.ReplayStore.open(path, mode=mode)
+        except mr.MMReplayError:
+            continue
+        try:
+            assert len(r) == r.sampleable_ids().size and r.inspect()["rate_limit"]["inserted"] >= 0
+        finally:
+            r.close()

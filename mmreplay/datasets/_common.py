@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import math
 import os
 import secrets
 import shutil
@@ -255,12 +256,50 @@ def require_path(path: str | os.PathLike[str], what: str) -> str:
 def summary_lines(lengths: np.ndarray, returns: np.ndarray, obs_shape: tuple[int, ...], obs_dtype: Any,
                   action_shape: tuple[int, ...], action_dtype: Any) -> list[str]:
     """The lines every ``describe`` prints: episodes, steps, returns, shapes."""
-    lengths = np.asarray(lengths, np.int64)
-    returns = np.asarray(returns, np.float64)
-    lines = [f"episodes    {lengths.size:,}", f"steps       {int(lengths.sum()):,}"
-             + (f" (length min {lengths.min():,}, mean {lengths.mean():,.1f}, max {lengths.max():,})"
-                if lengths.size else "")]
-    if returns.size:
-        lines.append(f"returns     min {returns.min():.6g}, mean {returns.mean():.6g}, max {returns.max():.6g}")
-    lines += [f"obs         {obs_shape} {np.dtype(obs_dtype)}", f"action      {action_shape} {np.dtype(action_dtype)}"]
-    return lines
+    stats = EpisodeStats()
+    stats.add(lengths, returns)
+    return stats.lines(obs_shape, obs_dtype, action_shape, action_dtype)
+
+
+@dataclass
+class EpisodeStats:
+    """Episode counts, lengths and returns accumulated a block at a time (``describe`` of large datasets)."""
+
+    episodes: int = 0
+    steps: int = 0
+    length_min: int = 0
+    length_max: int = 0
+    returns: int = 0
+    return_sum: float = 0.0
+    return_min: float = math.inf
+    return_max: float = -math.inf
+    final_missing: int = 0
+
+    def add(self, lengths: Any, returns: Any, final_missing: Any = None) -> None:
+        lengths = np.asarray(lengths, np.int64)
+        returns = np.asarray(returns, np.float64)
+        if lengths.size:
+            lo, hi = int(lengths.min()), int(lengths.max())
+            self.length_min = lo if not self.episodes else min(self.length_min, lo)
+            self.length_max = hi if not self.episodes else max(self.length_max, hi)
+            self.episodes += int(lengths.size)
+            self.steps += int(lengths.sum())
+        if returns.size:
+            self.returns += int(returns.size)
+            self.return_sum += float(returns.sum())
+            self.return_min = min(self.return_min, float(returns.min()))
+            self.return_max = max(self.return_max, float(returns.max()))
+        if final_missing is not None:
+            self.final_missing += int(np.count_nonzero(final_missing))
+
+    def lines(self, obs_shape: tuple[int, ...], obs_dtype: Any, action_shape: tuple[int, ...],
+              action_dtype: Any) -> list[str]:
+        lines = [f"episodes    {self.episodes:,}", f"steps       {self.steps:,}"
+                 + (f" (length min {self.length_min:,}, mean {self.steps / self.episodes:,.1f}, max"
+                    f" {self.length_max:,})" if self.episodes else "")]
+        if self.returns:
+            lines.append(f"returns     min {self.return_min:.6g}, mean {self.return_sum / self.returns:.6g},"
+                         f" max {self.return_max:.6g}")
+        lines += [f"obs         {obs_shape} {np.dtype(obs_dtype)}",
+                  f"action      {action_shape} {np.dtype(action_dtype)}"]
+        return lines

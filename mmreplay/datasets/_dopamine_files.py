@@ -11,7 +11,6 @@ records the cursor instead.
 from __future__ import annotations
 
 import glob
-import gzip
 import logging
 import os
 import re
@@ -21,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..options import MAX_N_STEP, MAX_STACK
 from ._common import require_path
 from ._gznpy import GzNpy
 from ._pickled_ints import read_int_set
@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 PREFIX = "$store$_"
 COLUMNS = ("observation", "action", "reward", "terminal")
+# invalid_range holds stack_size + update_horizon slots; a store supports at most MAX_STACK + MAX_N_STEP
+MAX_INVALID_RANGE = MAX_STACK + MAX_N_STEP
 RESERVED = ("obs", "action", "reward", "flags", "next_obs", "discount", "terminated", "truncated", "index", "weight")
 
 
@@ -96,10 +98,8 @@ class Checkpoint:
         if self.has_end_indices:
             where = self.path("episode_end_indices")
             with open(where, "rb") as f:
-                try:
-                    raw = gzip.decompress(f.read())
-                except (OSError, EOFError, zlib.error) as exc:
-                    raise DatasetError(f"{where}: not a gzip file (episode_end_indices): {exc}") from None
+                # a pickled set of slot numbers: a few bytes per slot, whatever the gzip stream claims
+                raw = gunzip(f.read(), 16 * self.slots + 4096, where, "episode_end_indices")
             try:
                 idx = np.asarray(read_int_set(raw, where), np.int64)
             except ValueError as exc:
@@ -109,6 +109,24 @@ class Checkpoint:
             end[idx] = True
         cols["end"] = end
         self.columns = cols
+
+
+def gunzip(data: bytes, most: int, where: str, key: str) -> bytes:
+    """The content of a (possibly multi-member) gzip stream, refusing one that inflates past ``most`` bytes."""
+    out = bytearray()
+    while data:
+        dz = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += dz.decompress(data, most + 1 - len(out))
+        except zlib.error as exc:
+            raise DatasetError(f"{where}: not a gzip file ({key}): {exc}") from None
+        if len(out) > most:
+            raise DatasetError(f"{where}: {key} inflates to more than {most:,} bytes, more than this checkpoint's"
+                               " slots can need; the file is not what Dopamine writes")
+        if not dz.eof:
+            raise DatasetError(f"{where}: truncated gzip stream ({key})")
+        data = dz.unused_data
+    return bytes(out)
 
 
 def _scan(d: str, suffix: int) -> Checkpoint:
@@ -121,14 +139,14 @@ def _scan(d: str, suffix: int) -> Checkpoint:
             raise DatasetError(f"{gz.path}: {PREFIX}observation is 0-d; expected (slots, *obs_shape)")
         slots, obs_shape, obs_dtype = gz.shape[0], gz.row_shape, gz.dtype
     with GzNpy(_file(d, "add_count", suffix), "add_count") as gz:
-        ac = gz.read_value()
+        ac = gz.read_value(most=1)
     if ac.size != 1 or ac.dtype.kind not in "iu" or int(ac.reshape(-1)[0]) < 0:
         raise DatasetError(f"{_file(d, 'add_count', suffix)}: add_count must be one non-negative integer,"
                            f" got {ac.dtype} {ac.shape}")
     add_count = int(ac.reshape(-1)[0])
     where = _file(d, "invalid_range", suffix)
     with GzNpy(where, "invalid_range") as gz:
-        ir = gz.read_value().reshape(-1)
+        ir = gz.read_value(most=MAX_INVALID_RANGE).reshape(-1)
     if slots < 1 or ir.size < 2 or ir.dtype.kind not in "iuf":
         raise DatasetError(f"{where}: invalid_range must hold stack_size + update_horizon slot numbers,"
                            f" got {ir.dtype} {ir.shape}")

@@ -3,7 +3,9 @@
 Dopamine writes each replay column with ``np.save`` into a ``GzipFile``: 7 GB of
 frames per observation file in the DQN Replay Dataset. ``GzNpy`` parses the
 ``.npy`` header with numpy's own header reader (no pickle: object dtypes are
-refused) and then inflates only as many bytes as the rows asked for.
+refused), checks that the declared shape fits what the gzip file can hold (deflate
+expands at most ~1032x) and then inflates only as many bytes as the rows asked for;
+``read_value(most=)`` refuses a small file declaring more than it should hold.
 ``RowBlocks`` does that in a background thread (zlib releases the GIL), handing
 over blocks of rows through a short queue, so decompression overlaps the
 consumer's work and memory stays at a few blocks.
@@ -12,6 +14,8 @@ consumer's work and memory stays at a few blocks.
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import queue
 import threading
 import zlib
@@ -20,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._bounds import check_inflated, check_row
 from .errors import DatasetError, DatasetNotFoundError
 
 _READ = 1 << 20  # compressed bytes read from the file at a time
@@ -48,11 +53,12 @@ class GzNpy:
             self._in = b""
             self._eof = False  # the last gzip member ended (its CRC and length were checked by zlib)
             self.shape, self.dtype = self._header()
+            self.row_shape = tuple(self.shape[1:])
+            self.row_bytes = check_row(path, key, self.row_shape, self.dtype)
+            check_inflated(path, key, self.shape, self.dtype, os.fstat(self._f.fileno()).st_size, "a gzip file")
         except BaseException:
             self._f.close()
             raise
-        self.row_shape = tuple(self.shape[1:])
-        self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
         self.rows = int(self.shape[0]) if self.shape else 1  # a 0-d array is read as one row
         self.pos = 0  # rows consumed
 
@@ -134,8 +140,13 @@ class GzNpy:
         self.check_end()
         return out
 
-    def read_value(self) -> np.ndarray:
-        """The whole array in its own shape (for the small files: counters, ranges)."""
+    def read_value(self, most: int) -> np.ndarray:
+        """The whole array in its own shape (for the small files: counters, ranges), which must declare at
+        most ``most`` elements: checked before anything is inflated."""
+        count = math.prod(self.shape)
+        if count > most:
+            raise DatasetError(f"{self.path}: {self.key} declares {self.shape} {self.dtype} ({count:,} values);"
+                               f" expected at most {most:,}: the file is not what Dopamine writes")
         return self.read_all().reshape(self.shape)
 
     def skip_rows(self, n: int, block: int = 1 << 24) -> None:

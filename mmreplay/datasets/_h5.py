@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DatasetError
+
 COMPRESSIONS = ("gzip", "lzf", "none")
 
 
@@ -108,6 +110,16 @@ def row_reader(ds: Any) -> Any:
     rows = int(ds.chunks[0])
     tail = (0,) * (len(shape) - 1)
     deflate = ds.compression == "gzip"
+    chunk_bytes = rows * int(np.prod(shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+
+    def inflate(raw: bytes, c: int, compressed: bool) -> bytes:
+        """A chunk's data, never more than the chunk's size (a forged chunk cannot inflate further)."""
+        data = zlib.decompressobj().decompress(raw, chunk_bytes + 1) if compressed else raw
+        if len(data) != chunk_bytes:
+            raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: the chunk at row {c:,} holds {len(data):,}"
+                               f" bytes{'+' if len(data) > chunk_bytes else ''}, expected {chunk_bytes:,}; the"
+                               " file is damaged")
+        return data
 
     def fetch(a: int, b: int) -> np.ndarray:
         out = np.empty((b - a, *shape[1:]), ds.dtype)
@@ -118,7 +130,11 @@ def row_reader(ds: Any) -> Any:
                 lo, hi = max(a, c), min(b, c + rows)
                 out[lo - a:hi - a] = ds[lo:hi]
                 continue
-            data = zlib.decompress(raw) if deflate and not mask & 1 else raw
+            try:
+                data = inflate(raw, c, deflate and not mask & 1)
+            except zlib.error as exc:
+                raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: corrupt chunk at row {c:,}"
+                                   f" ({exc})") from None
             chunk = np.frombuffer(data, ds.dtype).reshape((rows, *shape[1:]))
             lo, hi = max(a, c), min(b, c + rows)
             out[lo - a:hi - a] = chunk[lo - c:hi - c]

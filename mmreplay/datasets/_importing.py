@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MMReplayError
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._common import PIECE, remove_path, temp_sibling
@@ -38,7 +39,13 @@ class StoreBuilder:
         self.store: ReplayStore | None = None
 
     def create(self, **kwargs: Any) -> ReplayStore:
-        self.store = ReplayStore.create(self.tmp, **kwargs)
+        """Create the store; a layout the store refuses (a ValueError naming the bound) is a DatasetError."""
+        try:
+            self.store = ReplayStore.create(self.tmp, **kwargs)
+        except ValueError as exc:
+            if isinstance(exc, MMReplayError):
+                raise
+            raise DatasetError(f"import into {self.path}: the dataset cannot be stored as it is: {exc}") from None
         return self.store
 
     def finish(self) -> ReplayStore:

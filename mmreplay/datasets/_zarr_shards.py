@@ -11,6 +11,7 @@ None and the caller reads through zarr.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -21,8 +22,25 @@ from .errors import DatasetError
 _ABSENT = np.iinfo(np.uint64).max
 
 
-def _decoder(codecs: list[dict[str, Any]]) -> Callable[[bytes], bytes] | None:
-    from numcodecs import GZip, Zstd
+def _zstd_content_size(raw: bytes) -> int | None:
+    """The Frame_Content_Size of a zstd frame header (RFC 8878 3.1.1.1), None when the frame does not say."""
+    if len(raw) < 6 or raw[:4] != b"\x28\xb5\x2f\xfd":
+        return None
+    fhd = raw[4]
+    single = bool(fhd & 0x20)
+    fcs_bytes = (1 if single else 0, 2, 4, 8)[fhd >> 6]
+    pos = 5 + (0 if single else 1) + (0, 1, 2, 4)[fhd & 3]
+    if not fcs_bytes or len(raw) < pos + fcs_bytes:
+        return None
+    size = int.from_bytes(raw[pos:pos + fcs_bytes], "little")
+    return size + 256 if fcs_bytes == 2 else size
+
+
+def _decoder(codecs: list[dict[str, Any]]) -> Callable[[bytes, int], bytes] | None:
+    """``decode(raw, n)`` for the inner codecs mmreplay writes, or None. It never produces more than the
+    chunk's ``n`` bytes, whatever the compressed data claims (a forged chunk cannot inflate further), and
+    raises ``ValueError`` when the data does not decode to exactly ``n`` bytes."""
+    from numcodecs import Zstd
     from numcodecs.blosc import Blosc
 
     names = [c.get("name") for c in codecs]
@@ -30,15 +48,30 @@ def _decoder(codecs: list[dict[str, Any]]) -> Callable[[bytes], bytes] | None:
         return None
     rest = codecs[1:]
     if not rest:
-        return bytes
+        return lambda raw, n: raw
     if len(rest) != 1:
         return None
-    name = rest[0].get("name")
-    codec: Any = {"zstd": Zstd, "gzip": GZip, "blosc": Blosc}.get(str(name))
-    if codec is None:
-        return None
-    dec = codec().decode if codec is not Blosc else Blosc().decode
-    return lambda raw: bytes(dec(raw))
+    name = str(rest[0].get("name"))
+
+    def gzip(raw: bytes, n: int) -> bytes:
+        try:
+            return zlib.decompressobj(32 + zlib.MAX_WBITS).decompress(raw, n + 1)  # gzip or zlib header
+        except zlib.error as exc:
+            raise ValueError(str(exc)) from None
+
+    def zstd(raw: bytes, n: int) -> bytes:
+        size = _zstd_content_size(raw)
+        if size is not None and size != n:
+            raise ValueError(f"the zstd frame holds {size:,} bytes")
+        return bytes(Zstd().decode(raw, out=np.empty(n, np.uint8)))
+
+    def blosc(raw: bytes, n: int) -> bytes:
+        size = int.from_bytes(raw[4:8], "little") if len(raw) >= 16 else -1  # the blosc header's nbytes
+        if size != n:
+            raise ValueError(f"the blosc buffer holds {size:,} bytes")
+        return bytes(Blosc().decode(raw, out=np.empty(n, np.uint8)))
+
+    return {"gzip": gzip, "zstd": zstd, "blosc": blosc}.get(name)
 
 
 def shard_reader(array: Any, root: str) -> Callable[[int, int], np.ndarray] | None:
@@ -96,7 +129,10 @@ def shard_reader(array: Any, root: str) -> Callable[[int, int], np.ndarray] | No
             if off == _ABSENT:
                 out[lo - a:hi - a] = fill
                 continue
-            data = decode(blob[off:off + n])
+            try:
+                data = decode(blob[off:off + n], chunk_bytes)
+            except (ValueError, RuntimeError) as exc:
+                raise DatasetError(f"{directory}: chunk {c} does not decode to its {chunk_bytes:,} bytes ({exc})") from None
             if len(data) != chunk_bytes:
                 raise DatasetError(f"{directory}: chunk {c} decodes to {len(data)} bytes, expected {chunk_bytes}")
             rows = np.frombuffer(data, dtype).reshape((chunk_rows, *row_shape))

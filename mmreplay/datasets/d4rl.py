@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..store import ReplayStore
+from ._bounds import h5_get, h5_names, nbytes, rows_per_piece
 from ._common import (
     ExportResult,
     ProgressArg,
@@ -41,6 +42,7 @@ from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_pa
 from .errors import DatasetError
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
+OPTIONAL = ("timeouts", "next_observations")
 RDCC = 64 * 2**20  # h5py chunk cache per dataset: whole chunks stay cached between reads
 
 
@@ -113,32 +115,37 @@ def _open(src: str | os.PathLike[str]) -> Any:
 
 
 class _D4RL:
-    """An open D4RL file: its keys checked, its episode boundaries found."""
+    """An open D4RL file: its keys checked (stored in the file, sizes it can hold), its episodes found."""
 
     def __init__(self, f: Any, where: str) -> None:
+        import h5py
+
         self.f, self.where = f, where
+        self.ds = {k: h5_get(f, k, where) for k in (*REQUIRED, *OPTIONAL)}
         for key in REQUIRED:
-            if key not in f:
+            if self.ds[key] is None:
                 raise DatasetError(f"{where}: missing dataset {key!r} (D4RL files need {', '.join(REQUIRED)})")
-        self.n = int(f["observations"].shape[0]) if f["observations"].ndim else -1
-        keys = [*REQUIRED, *(k for k in ("timeouts", "next_observations") if k in f)]
+        obs = self.ds["observations"]
+        self.n = int(obs.shape[0]) if getattr(obs, "ndim", 0) else -1
+        keys = [k for k in (*REQUIRED, *OPTIONAL) if self.ds[k] is not None]
         self.infos = {}
-        if "infos" in f:
-            for name, ds in f["infos"].items():
-                ok = getattr(ds, "ndim", 0) >= 1 and ds.shape[0] == self.n and ds.dtype.kind in "biuf"
-                ident = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
-                if ok and ident.isidentifier():
-                    self.infos[ident] = ds
+        group = h5_get(f, "infos", where)
+        for name in h5_names(group) if isinstance(group, h5py.Group) else []:
+            ds = h5_get(group, name, where)
+            ok = getattr(ds, "ndim", 0) >= 1 and ds.shape[0] == self.n and ds.dtype.kind in "biuf"
+            ident = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+            if ok and ident.isidentifier():
+                self.infos[ident] = ds
         for key in keys:
-            ds = f[key]
-            if not hasattr(ds, "shape") or ds.ndim < 1 or ds.shape[0] != self.n:
+            ds = self.ds[key]
+            if not isinstance(ds, h5py.Dataset) or ds.ndim < 1 or ds.shape[0] != self.n:
                 raise DatasetError(f"{where}: dataset {key!r} has shape {getattr(ds, 'shape', None)}, but"
                                    f" 'observations' has {self.n} rows; every key needs one row per step")
-        rew = f["rewards"]
+        rew = self.ds["rewards"]
         if rew.ndim > 2 or (rew.ndim == 2 and rew.shape[1] != 1):
             raise DatasetError(f"{where}: dataset 'rewards' has shape {rew.shape}; expected (N,) or (N, 1)")
         self.terminals = self._flag("terminals")
-        self.timeouts = self._flag("timeouts") if "timeouts" in f else np.zeros(self.n, np.bool_)
+        self.timeouts = self._flag("timeouts") if self.ds["timeouts"] is not None else np.zeros(self.n, np.bool_)
         ends = np.flatnonzero(self.terminals | self.timeouts)
         if self.n and (not ends.size or ends[-1] != self.n - 1):
             ends = np.append(ends, self.n - 1)  # the file ends inside an episode: it ends there, truncated
@@ -148,11 +155,11 @@ class _D4RL:
 
     def _flag(self, key: str) -> np.ndarray:
         """A per-step flag of shape (N,) or (N, 1), any dtype, as bools."""
-        v = np.asarray(self.f[key][()])
+        v = np.asarray(self.ds[key][()])
         return (v.reshape(self.n, -1)[:, 0] if v.size else np.zeros(self.n)) != 0
 
     def returns(self) -> np.ndarray:
-        r = np.asarray(self.f["rewards"][()], np.float64).reshape(-1)
+        r = np.asarray(self.ds["rewards"][()], np.float64).reshape(-1)
         return np.add.reduceat(r, self.first) if self.first.size else np.zeros(0)
 
 
@@ -163,8 +170,7 @@ def import_d4rl(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
     where = os.fspath(src)
     with _open(src) as f:
         d = _D4RL(f, where)
-        obs, acts, rews = f["observations"], f["actions"], f["rewards"]
-        nxt = f["next_observations"] if "next_observations" in f else None
+        obs, acts, rews, nxt = (d.ds[k] for k in ("observations", "actions", "rewards", "next_observations"))
         attrs = d.attrs
         layout = _layout(attrs, where)
         recorded = {k: _plain(attrs[k]) for k in ("stack", "n_step", "gamma", "pad") if k in attrs}
@@ -178,7 +184,8 @@ def import_d4rl(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
                              action_shape=tuple(acts.shape[1:]), action_dtype=acts.dtype, extras=extras or None,
                              chunk_size=chunk_size, seed=seed, metadata=meta,
                              **sampling_params(recorded, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
-            src_frames = Prefetch(row_reader(obs), d.n)
+            piece = rows_per_piece(nbytes(obs.shape[1:], obs.dtype))
+            src_frames = Prefetch(row_reader(obs), d.n, piece)
             with src_frames, progress_bar(progress, d.n + int(d.first.size), "import d4rl") as bar:
                 for e, (s0, s1) in enumerate(zip(d.first.tolist(), d.last.tolist(), strict=True)):
                     length = s1 - s0 + 1
@@ -196,7 +203,7 @@ def import_d4rl(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
                                      d.terminals[sl], d.timeouts[sl] & ~d.terminals[sl],
                                      {n: np.asarray(ds[sl]) for n, ds in d.infos.items()})
 
-                    feed_episode(store, length, frames, steps, final_missing, bar=bar)
+                    feed_episode(store, length, frames, steps, final_missing, bar=bar, piece=piece)
             return b.finish()
 
 
@@ -221,14 +228,14 @@ def describe_d4rl(src: str | os.PathLike[str]) -> list[str]:
     where = os.fspath(src)
     with _open(src) as f:
         d = _D4RL(f, where)
-        obs, acts = f["observations"], f["actions"]
+        obs, acts = d.ds["observations"], d.ds["actions"]
         lengths = d.last - d.first + 1
         a = d.attrs
         lines = [f"dataset     {where} (HDF5, D4RL layout)", *summary_lines(
             lengths, d.returns(), tuple(obs.shape[1:]), obs.dtype, tuple(acts.shape[1:]), acts.dtype)]
         lines.append(f"ends        {int(d.terminals.sum()):,} terminals, {int((d.timeouts & ~d.terminals).sum()):,}"
-                     f" timeouts{'' if 'timeouts' in f else ' (no timeouts key)'}; next_observations"
-                     f" {'present' if 'next_observations' in f else 'absent'}")
+                     f" timeouts{'' if d.ds['timeouts'] is not None else ' (no timeouts key)'}; next_observations"
+                     f" {'present' if d.ds['next_observations'] is not None else 'absent'}")
         if "stack" in a:
             lines.append(f"sampling    stack {_plain(a['stack'])}, n-step {_plain(a.get('n_step'))}, gamma"
                          f" {_plain(a.get('gamma'))}, pad {_plain(a.get('pad'))!r}")

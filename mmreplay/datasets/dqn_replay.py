@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..store import ReplayStore
+from ._bounds import nbytes, rows_per_piece
 from ._common import ProgressArg, progress_bar, summary_lines
 from ._dopamine_files import PREFIX, Checkpoint, check_overlap, scan
 from ._gznpy import RowBlocks
@@ -179,7 +180,8 @@ def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str],
                 if k + 1 < len(plan):
                     _read_ahead(k + 1, plan[k + 1], ahead)
                 for r, (lo, hi) in enumerate(_slot_runs(start, c.hi, c.slots)):
-                    with _frames_of(obs_path, lo, hi, ahead.pop(k) if r == 0 and k in ahead else None) as blocks:
+                    with _frames_of(obs_path, lo, hi, ahead.pop(k) if r == 0 and k in ahead else None,
+                                    _block(c)) as blocks:
                         for frames in blocks:
                             n = len(frames)
                             sl = slice(done, done + n)
@@ -208,7 +210,8 @@ def _read_ahead(index: int, entry: tuple[Checkpoint, int, bool], ahead: dict[int
     c, start, _ = entry
     runs = _slot_runs(start, c.hi, c.slots)
     if len(runs) == 2 and runs[0][1] - runs[0][0] <= HEAD_AHEAD:
-        ahead[index] = RowBlocks(c.path(PREFIX + "observation"), PREFIX + "observation", *runs[0], block=HEAD_AHEAD)
+        ahead[index] = RowBlocks(c.path(PREFIX + "observation"), PREFIX + "observation", *runs[0],
+                                 block=min(HEAD_AHEAD, _block(c)))
 
 
 def _close_all(ahead: dict[int, RowBlocks]) -> None:
@@ -216,10 +219,15 @@ def _close_all(ahead: dict[int, RowBlocks]) -> None:
         rb.close()
 
 
+def _block(c: Checkpoint) -> int:
+    """Frames per block: ``BLOCK``, fewer for large frames (a block is a few tens of MB at most)."""
+    return rows_per_piece(nbytes(c.obs_shape, c.obs_dtype), BLOCK)
+
+
 @contextlib.contextmanager
-def _frames_of(path: str, lo: int, hi: int, ready: RowBlocks | None) -> Iterator[RowBlocks]:
+def _frames_of(path: str, lo: int, hi: int, ready: RowBlocks | None, block: int) -> Iterator[RowBlocks]:
     """Blocks of frame rows ``[lo, hi)``, streamed by a thread (started earlier when ``ready``)."""
-    with ready if ready is not None else RowBlocks(path, PREFIX + "observation", lo, hi, BLOCK) as blocks:
+    with ready if ready is not None else RowBlocks(path, PREFIX + "observation", lo, hi, block) as blocks:
         yield blocks
 
 

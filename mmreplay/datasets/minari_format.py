@@ -28,6 +28,7 @@ import numpy as np
 
 from ..spaces import space_json
 from ..store import ReplayStore
+from ._bounds import check_row, h5_get, h5_names, nbytes, rows_per_piece
 from ._common import (
     ExportResult,
     ProgressArg,
@@ -225,7 +226,7 @@ class _Frames:
     """Observations of one episode: raw rows, or JPEG rows decoded with Pillow."""
 
     def __init__(self, ds: Any, shape: tuple[int, ...], dtype: np.dtype, jpeg: bool, where: str) -> None:
-        self.ds, self.shape, self.dtype = ds, shape, dtype
+        self.ds, self.shape, self.dtype, self.where = ds, shape, dtype, where
         self.raw = tuple(ds.shape[1:]) == shape and ds.dtype.kind in "biuf"
         self._read = row_reader(ds) if self.raw else None
         if not self.raw:
@@ -245,7 +246,17 @@ class _Frames:
         rows = self.ds[a:z]
         out = np.empty((z - a, *self.shape), self.dtype)
         for j, row in enumerate(rows):
-            out[j] = np.asarray(self._image.open(io.BytesIO(np.asarray(row, np.uint8).tobytes())), self.dtype)
+            try:
+                image = self._image.open(io.BytesIO(np.asarray(row, np.uint8).tobytes()))
+                if (image.height, image.width) != self.shape[:2]:  # checked before decoding: no pixel bombs
+                    raise DatasetError(f"{self.where}: observation {a + j} is a {image.width}x{image.height} image,"
+                                       f" the observation space says {self.shape}")
+                out[j] = np.asarray(image, self.dtype)
+            except DatasetError:
+                raise
+            except (OSError, ValueError, self._image.DecompressionBombError) as exc:
+                raise DatasetError(f"{self.where}: observation {a + j} is not a JPEG image of shape {self.shape}"
+                                   f" ({exc})") from None
         return out
 
 
@@ -261,28 +272,27 @@ def import_minari(src: str | os.PathLike[str], path: str | os.PathLike[str], *, 
     obs_shape, obs_dtype = space_layout(meta["observation_space"], f"{where}: observation_space")
     act_shape, act_dtype = space_layout(meta["action_space"], f"{where}: action_space")
     ours: dict[str, Any] = meta["mmreplay"] if isinstance(meta.get("mmreplay"), dict) else {}
-    if ours.get("action_dtype"):
-        act_dtype = np.dtype(ours["action_dtype"])
-    extras = {k: (tuple(v[0]), np.dtype(v[1])) for k, v in (ours.get("extras") or {}).items()}
+    try:
+        if ours.get("action_dtype"):
+            act_dtype = np.dtype(ours["action_dtype"])
+        extras = {k: (tuple(int(n) for n in v[0]), np.dtype(v[1])) for k, v in (ours.get("extras") or {}).items()}
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+        raise DatasetError(f"{where}: malformed 'mmreplay' entry ({exc!r})") from None
+    check_row(where, "observation_space", obs_shape, obs_dtype)
+    check_row(where, "action_space", act_shape, act_dtype)
+    for name, (shp, dt) in extras.items():
+        check_row(where, f"extra {name!r}", shp, dt)
     jpeg = bool(meta.get("jpeg_encoding", True)) and is_image_space(meta["observation_space"])
     h5 = os.path.join(data, "main_data.hdf5")
     if not os.path.exists(h5):
         raise DatasetNotFoundError(f"{h5}: missing (the Minari HDF5 backend keeps the episodes there)")
-    n_eps = int(meta["total_episodes"])
+    n_eps = _count(meta, "total_episodes", where)
     store_meta = dict(ours.get("metadata") or {})
     store_meta["source"] = {"format": "minari", "path": os.path.abspath(data), "dataset_id": meta.get("dataset_id"),
                             "episodes": n_eps, "steps": meta.get("total_steps"), "jpeg_decoded": False}
+    piece = rows_per_piece(nbytes(obs_shape, obs_dtype))
     with h5py.File(h5, "r") as f, StoreBuilder(path) as b:
-        groups = []
-        for e in range(n_eps):
-            key = f"episode_{e}"
-            if key not in f:
-                raise DatasetError(f"{h5}: missing group {key!r} (metadata.json says {n_eps} episodes)")
-            g = f[key]
-            for name in ("observations", "actions", "rewards", "terminations", "truncations"):
-                if name not in g:
-                    raise DatasetError(f"{h5}: {key} has no dataset {name!r}")
-            groups.append(g)
+        groups = [_episode(f, e, n_eps, h5, [f"infos/{n}" for n in extras]) for e in range(n_eps)]
         total = sum(int(g["rewards"].shape[0]) for g in groups)
         store = b.create(capacity=capacity or max(1, total), obs_shape=obs_shape, obs_dtype=obs_dtype,
                          action_shape=act_shape, action_dtype=act_dtype, extras=extras or None,
@@ -297,18 +307,48 @@ def import_minari(src: str | os.PathLike[str], path: str | os.PathLike[str], *, 
                     raise DatasetError(f"{h5}: episode_{e} has {g['observations'].shape[0]} observations and"
                                        f" {length} rewards; expected T+1 observations and T of everything else")
                 store_meta["source"]["jpeg_decoded"] |= not frames.raw
-                infos = {n: g[f"infos/{n}"] for n in extras}
+                infos = {n: g[f"infos/{n}"] for n in extras}  # checked by _episode
 
                 def steps(a: int, z: int, g: Any = g, infos: dict[str, Any] = infos) -> Steps:
                     return Steps(np.asarray(g["actions"][a:z]), np.asarray(g["rewards"][a:z], np.float64).reshape(-1),
                                  np.asarray(g["terminations"][a:z]), np.asarray(g["truncations"][a:z]),
                                  {n: np.asarray(ds[a + 1:z + 1]) for n, ds in infos.items()})
 
-                with Prefetch(frames, length + 1) as ahead:
+                with Prefetch(frames, length + 1, piece) as ahead:
                     feed_episode(store, length, ahead.read, steps,
-                                 bool(g.attrs.get("final_observation_missing", False)), bar=bar)
+                                 bool(g.attrs.get("final_observation_missing", False)), bar=bar, piece=piece)
         store.metadata = store_meta
         return b.finish()
+
+
+EPISODE_DATASETS = ("observations", "actions", "rewards", "terminations", "truncations")
+
+
+def _count(meta: dict[str, Any], key: str, where: str) -> int:
+    value = meta.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DatasetError(f"{where}: {key} is {value!r}, expected a non-negative integer")
+    return value
+
+
+def _episode(f: Any, e: int, n_eps: int, h5: str, more: list[str]) -> Any:
+    """Group ``episode_<e>`` with its datasets checked: inside the file (no external links, storage or
+    virtual datasets) and declaring no more than they store. Returns the group."""
+    import h5py
+
+    key = f"episode_{e}"
+    if e == 0 and n_eps > len(f):  # before anything is read for each of (maybe) billions of episodes
+        names = set(h5_names(f))
+        first = next(i for i in range(len(f) + 1) if f"episode_{i}" not in names)
+        raise DatasetError(f"{h5}: missing group 'episode_{first}' (metadata.json says {n_eps:,} episodes, the file"
+                           f" holds {len(f):,} groups)")
+    g = h5_get(f, key, h5)
+    if not isinstance(g, h5py.Group):
+        raise DatasetError(f"{h5}: missing group {key!r} (metadata.json says {n_eps} episodes)")
+    for name in (*EPISODE_DATASETS, *more):
+        if not isinstance(h5_get(g, name, f"{h5}: {key}"), h5py.Dataset):
+            raise DatasetError(f"{h5}: {key} has no dataset {name!r}")
+    return g
 
 
 def describe_minari(src: str | os.PathLike[str]) -> list[str]:
@@ -321,8 +361,9 @@ def describe_minari(src: str | os.PathLike[str]) -> list[str]:
     act_shape, act_dtype = space_layout(meta["action_space"], f"{where}: action_space")
     lengths, returns = [], []
     with h5py.File(os.path.join(data, "main_data.hdf5"), "r") as f:
-        for e in range(int(meta["total_episodes"])):
-            r = np.asarray(f[f"episode_{e}/rewards"][()], np.float64)
+        n_eps = _count(meta, "total_episodes", where)
+        for e in range(n_eps):
+            r = np.asarray(_episode(f, e, n_eps, f.filename, [])["rewards"][()], np.float64)
             lengths.append(r.size)
             returns.append(float(r.sum()))
     lines = [f"dataset     {meta.get('dataset_id', data)} (Minari {meta.get('minari_version')}, {data})",

@@ -27,14 +27,16 @@ import os
 import time
 import warnings
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from ..store import ReplayStore
+from ._bounds import MAX_CHUNK_BYTES, check_row, nbytes, rows_per_piece
 from ._common import (
-    PIECE,
+    EpisodeStats,
     ExportResult,
     ProgressArg,
     atomic_output,
@@ -44,7 +46,6 @@ from ._common import (
     plan_export,
     progress_bar,
     step_pieces,
-    summary_lines,
 )
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
 from ._zarr_shards import shard_reader
@@ -284,20 +285,69 @@ def open_dataset(src: str | os.PathLike[str], storage_options: dict[str, Any] | 
     return g
 
 
-def _episodes(g: Any, where: str) -> dict[str, np.ndarray]:
-    ep = {n: np.asarray(g[f"episodes/{n}"][:]) for n in EPISODE_ARRAYS}
-    n_frames, n_steps = g["observations"].shape[0], g["actions"].shape[0]
+EPISODE_BLOCK = 1 << 16  # episodes read at a time: the episode tables are never held whole
+MAX_OBJECTS = 10**7  # chunks or shards along an array's first axis (an export of 1M frames has ~250)
+
+
+def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
+    """Declared shapes, before anything is read: consistent row counts, rows and chunks of sane size.
+    Returns (episodes, frames, steps)."""
+    n_frames, n_steps = int(g["observations"].shape[0]), int(g["actions"].shape[0])
     for name in STEP_ARRAYS[1:]:
         if g[name].shape[0] != n_steps:
             raise DatasetError(f"{where}: array {name!r} has {g[name].shape[0]} rows, 'actions' has {n_steps}")
-    if not all(ep[n].shape == ep["length"].shape for n in EPISODE_ARRAYS):
-        raise DatasetError(f"{where}: the episodes/* arrays differ in length")
-    ln = ep["length"].astype(np.int64)
-    if ln.size and ((ln < 0).any() or (ep["obs_start"] + ln + 1 > n_frames).any()
-                    or (ep["step_start"] + ln > n_steps).any()):
-        raise DatasetError(f"{where}: episodes/* point past the end of 'observations' ({n_frames} frames)"
-                           f" or the step arrays ({n_steps} steps)")
-    return ep
+    shapes = {n: tuple(g[f"episodes/{n}"].shape) for n in EPISODE_ARRAYS}
+    n_eps = shapes["length"][0] if len(shapes["length"]) == 1 else -1
+    if n_eps < 0 or any(shp != (n_eps,) for shp in shapes.values()):
+        raise DatasetError(f"{where}: the episodes/* arrays differ in length or are not 1-D ({shapes})")
+    if n_eps > min(n_steps, n_frames):
+        raise DatasetError(f"{where}: episodes/* declare {n_eps:,} episodes, more than the {n_steps:,} steps (every"
+                           " episode has at least one)")
+    arrays = ["observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)]
+    if "extras" in g:
+        arrays += [f"extras/{n}" for n, _ in g["extras"].arrays()]
+    for name in arrays:
+        a = g[name]
+        check_row(where, f"array {name!r}", tuple(a.shape[1:]), a.dtype)
+        if nbytes(a.chunks, a.dtype) > MAX_CHUNK_BYTES:
+            raise DatasetError(f"{where}: array {name!r} has chunks of {a.chunks} {a.dtype}; at most"
+                               f" {MAX_CHUNK_BYTES:,} bytes per chunk are supported")
+        per_object = int((a.shards or a.chunks)[0])
+        objects = -(-int(a.shape[0]) // per_object)
+        if objects > MAX_OBJECTS:
+            raise DatasetError(f"{where}: array {name!r} declares {int(a.shape[0]):,} rows in {objects:,} objects of"
+                               f" {per_object:,} rows; at most {MAX_OBJECTS:,} objects per array are supported")
+    return n_eps, n_frames, n_steps
+
+
+def _episode_blocks(g: Any, where: str, n_eps: int, n_frames: int, n_steps: int) -> Iterator[dict[str, np.ndarray]]:
+    """The episode tables ``EPISODE_BLOCK`` episodes at a time, each block checked as FORMAT.md says: every
+    episode has at least one step, episodes are contiguous (``obs_start``/``step_start`` are the exclusive
+    cumulative sums of ``length + 1``/``length``) and inside the frame and step arrays."""
+    o_next = s_next = lo = 0
+    block = 1024  # small first: a forged table is refused after reading little
+    while lo < n_eps:
+        hi = min(lo + block, n_eps)
+        block = min(2 * block, EPISODE_BLOCK)
+        ep = {n: np.asarray(g[f"episodes/{n}"][lo:hi]) for n in EPISODE_ARRAYS}
+        ln = ep["length"].astype(np.int64)
+        o_want = o_next + np.concatenate(([0], np.cumsum(ln + 1)[:-1]))
+        s_want = s_next + np.concatenate(([0], np.cumsum(ln)[:-1]))
+        bad = (ln < 1) | (ep["obs_start"] != o_want) | (ep["step_start"] != s_want)
+        if bad.any():
+            e = lo + int(np.flatnonzero(bad)[0])
+            i = e - lo
+            raise DatasetError(f"{where}: episode {e} has length {int(ln[i])}, obs_start {int(ep['obs_start'][i])},"
+                               f" step_start {int(ep['step_start'][i])}; expected a length >= 1 and the episode to"
+                               f" start where the one before it ends (obs_start {int(o_want[i])}, step_start"
+                               f" {int(s_want[i])})")
+        o_next, s_next = int(o_want[-1] + ln[-1] + 1), int(s_want[-1] + ln[-1])
+        if o_next > n_frames or s_next > n_steps:
+            raise DatasetError(f"{where}: episodes/* point past the end of 'observations' ({n_frames} frames)"
+                               f" or the step arrays ({n_steps} steps)")
+        ep["length"] = ln
+        lo = hi
+        yield ep
 
 
 def _prefetch(array: Any, block: int, root: str) -> Prefetch:
@@ -317,13 +367,15 @@ def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
     where = os.fspath(src)
     g = open_dataset(src, storage_options)
     attrs = dict(g.attrs)
-    ep = _episodes(g, where)
+    layout = _check_layout(g, where)
+    n_eps = layout[0]
+    n_steps = sum(int(ep["length"].sum()) for ep in _episode_blocks(g, where, *layout))  # checks every block
     obs, acts = g["observations"], g["actions"]
     x_arrays = dict(g["extras"].arrays()) if "extras" in g else {}
     extras = {name: (tuple(a.shape[1:]), a.dtype) for name, a in x_arrays.items()}
-    n_steps = int(ep["length"].sum())
     meta = dict(attrs.get("metadata") or {})
-    meta["source"] = {"format": "zarr", "path": where, "episodes": int(ep["length"].size), "steps": n_steps}
+    meta["source"] = {"format": "zarr", "path": where, "episodes": n_eps, "steps": n_steps}
+    piece = rows_per_piece(nbytes(obs.shape[1:], obs.dtype))
     with StoreBuilder(path) as b:
         store = b.create(capacity=capacity or max(1, n_steps), obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype,
                          action_shape=tuple(acts.shape[1:]), action_dtype=acts.dtype, extras=extras or None,
@@ -332,10 +384,11 @@ def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
         names = ["rewards", "terminations", "truncations"]
         steps_src = {"actions": acts, **{n: g[n] for n in names}, **{"x_" + n: a for n, a in x_arrays.items()}}
         readers = {k: _prefetch(arr, 65536, where) for k, arr in steps_src.items()}
-        frames_src = _prefetch(obs, PIECE, where)
+        frames_src = _prefetch(obs, piece, where)
+        episodes = ((ep, i) for ep in _episode_blocks(g, where, *layout) for i in range(ep["length"].size))
         try:
             with progress_bar(progress, int(obs.shape[0]), "import zarr") as bar:
-                for e in range(ep["length"].size):
+                for ep, e in episodes:
                     o0, s0 = int(ep["obs_start"][e]), int(ep["step_start"][e])
 
                     def frames(a: int, z: int, o0: int = o0) -> np.ndarray:
@@ -347,7 +400,7 @@ def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
                                      {n: r["x_" + n] for n in x_arrays})
 
                     feed_episode(store, int(ep["length"][e]), frames, steps, bool(ep["final_missing"][e]),
-                                 bar=bar, piece=PIECE)
+                                 bar=bar, piece=piece)
         finally:
             for rd in [frames_src, *readers.values()]:
                 rd.close()
@@ -358,20 +411,22 @@ def describe_zarr(src: str | os.PathLike[str]) -> list[str]:
     where = os.fspath(src)
     g = open_dataset(src)
     attrs = dict(g.attrs)
-    ep = _episodes(g, where)
+    layout = _check_layout(g, where)
+    stats = EpisodeStats()
+    for ep in _episode_blocks(g, where, *layout):
+        stats.add(ep["length"], ep["return"], ep["final_missing"])
     obs, acts = g["observations"], g["actions"]
     codecs = obs.metadata.to_dict().get("codecs", [])
     inner = codecs[0].get("configuration", {}).get("codecs", []) if codecs else []
     comp = ", ".join(c["name"] for c in inner if c.get("name") not in ("bytes",)) or "none"
     lines = [f"dataset     {where} (mmreplay zarr v{attrs.get('format_version')})",
-             *summary_lines(ep["length"], ep["return"], tuple(obs.shape[1:]), obs.dtype, tuple(acts.shape[1:]),
-                            acts.dtype),
+             *stats.lines(tuple(obs.shape[1:]), obs.dtype, tuple(acts.shape[1:]), acts.dtype),
              f"sampling    stack {attrs.get('stack')}, n-step {attrs.get('n_step')}, gamma {attrs.get('gamma')},"
              f" pad {attrs.get('pad')!r}",
              f"storage     chunks of {obs.chunks[0]} frames in shards of {obs.shards[0] if obs.shards else '-'},"
              f" compression {comp}"]
-    if int(ep["final_missing"].sum()):
-        lines.append(f"note        {int(ep['final_missing'].sum())} episode(s) lack their final observation")
+    if stats.final_missing:
+        lines.append(f"note        {stats.final_missing} episode(s) lack their final observation")
     if "extras" in g:
         lines.append("extras      " + (", ".join(f"{n} {tuple(a.shape[1:])} {a.dtype}" for n, a in g["extras"].arrays())
                                        or "-"))

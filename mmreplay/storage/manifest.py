@@ -3,7 +3,8 @@
 Writing: temp file in the same directory, fsync, ``os.replace``, fsync the
 directory. Reading checks the format name, the version and a CRC-32 over the
 canonical JSON of the body, so a torn, truncated or foreign file is an error
-that names the file, never a silently different store.
+that names the file, never a silently different store; then every field
+(``validate.check_body``), since a forged manifest's CRC can be recomputed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from ..errors import CorruptStoreError, FormatVersionError, NotAStoreError, StoreNotFoundError
 from .files import fsync_dir, write_atomic
+from .validate import check_body
 
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
@@ -26,7 +28,8 @@ MANIFEST = "manifest.json"
 def version_needed(body: dict[str, Any]) -> int:
     """The oldest format version that reads ``body`` right: 2 when it holds a validity record (version-1
     readers would sample invalidated transitions) or a rate limit (version-1 processes would not count)."""
-    if body.get("validity") or (body.get("schema") or {}).get("rate_limit"):
+    schema = body.get("schema")
+    if body.get("validity") or (isinstance(schema, dict) and schema.get("rate_limit")):
         return 2
     return 1
 
@@ -49,7 +52,10 @@ def _readable(doc: dict[str, Any]) -> bytes:
 
 
 def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> dict[str, Any]:
-    """Read and check a manifest. Raises StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError."""
+    """Read and check a manifest: its checksum, then every field (names that become paths, types, ranges).
+
+    Raises StoreNotFoundError, NotAStoreError, CorruptStoreError, FormatVersionError.
+    """
     if not os.path.isdir(directory):
         if os.path.exists(directory):
             raise NotAStoreError(f"{directory}: is a file, not an mmreplay {what} directory")
@@ -65,6 +71,9 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
         doc = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CorruptStoreError(f"{path}: manifest is not valid JSON ({exc}); the file is damaged or truncated") from None
+    except RecursionError:
+        raise CorruptStoreError(f"{path}: manifest nests values too deeply to be a manifest; the file is damaged"
+                                " or forged") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
         raise NotAStoreError(f"{path}: not an mmreplay manifest (format {doc.get('format') if isinstance(doc, dict) else None!r})")
     version = doc.get("format_version")
@@ -75,6 +84,12 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
             f"{path}: written by format version {version}, this mmreplay reads up to {FORMAT_VERSION};"
             " upgrade mmreplay to open it")
     checksum = doc.pop("checksum", None)
-    if checksum != zlib.crc32(_canonical(doc)):
+    try:
+        canonical = _canonical(doc)
+    except (ValueError, RecursionError):  # nesting deep enough for the encoder's limit, NaN keys, ...
+        raise CorruptStoreError(f"{path}: manifest cannot be re-encoded to check its checksum; the file is"
+                                " damaged or forged") from None
+    if checksum != zlib.crc32(canonical):
         raise CorruptStoreError(f"{path}: manifest checksum mismatch; the file was modified or damaged")
+    check_body(doc, path)
     return doc
