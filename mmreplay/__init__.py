@@ -21,6 +21,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized, RateLimit
+from .sequence_batch import SequenceBatch, sequence_priority
 from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
@@ -42,6 +43,7 @@ __all__ = [
     "RateLimitTimeout",
     "ReadOnlyStoreError",
     "ReplayStore",
+    "SequenceBatch",
     "prune_snapshots",
     "verify_store",
     "StoreClosedError",
@@ -51,4 +53,5 @@ __all__ = [
     "__version__",
     "export",
     "import_dataset",
+    "sequence_priority",
 ]

@@ -148,6 +148,22 @@ def batch_size_arg(batch_size: Any, row_bytes: int = 0) -> int:
     return int(batch_size)
 
 
+def length_arg(length: Any) -> int:
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
+        raise ValueError(f"length: expected a positive int (steps per sequence), got {length!r}")
+    return int(length)
+
+
+def sequences_fit(count: int, length: int, state_bytes: int) -> None:
+    """Refuse ``count`` sequences of ``length`` steps (states of ``state_bytes`` each) that would not fit in
+    half of this machine's memory, before anything is drawn."""
+    need = count * ((length + 1) * state_bytes + 64 * length)
+    if need > _memory_budget():
+        raise ValueError(f"{count} sequences of length={length} need {need / 2**30:,.1f} GiB, more than half of this"
+                         f" machine's memory ({2 * _memory_budget() / 2**30:,.1f} GiB); ask for fewer or shorter"
+                         " sequences")
+
+
 def _memory_budget() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2

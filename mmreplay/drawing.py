@@ -13,14 +13,16 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from .batch import Batch
+from .errors import NotSampleableError
 from .index import Index
 from .prefetch import BatchIterator, Draw
 from .sampling import Sampler
+
+T = TypeVar("T")
 
 
 class Drawer:
@@ -34,7 +36,7 @@ class Drawer:
         else:
             self._resume_draws, self._resume_rng = [], {}
         self._count = 0  # draws made (orders the pending draws of several iterators)
-        self._iterators: weakref.WeakSet[BatchIterator] = weakref.WeakSet()
+        self._iterators: weakref.WeakSet[BatchIterator[Any]] = weakref.WeakSet()
         self._pool: ThreadPoolExecutor | None = None
 
     def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
@@ -46,22 +48,53 @@ class Drawer:
         ids, weight = sampler.draw(self.rng, batch_size, replace, beta)
         return Draw(ids, weight, before, self._count, index.plan(index.slots_of(ids)) if plan else None)
 
-    def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], index: Index,
-                 batch_size: int, prefetch: int, handout: Callable[[int], None] | None = None) -> BatchIterator:
-        """A prefetching iterator. The first one after a resume first hands out the batches the committed
-        run had drawn but not handed out (if they have this batch size), then continues from there.
+    def draw_sequences(self, sampler: Sampler, index: Index, batch_size: int, length: int, strict: bool,
+                       beta: float | None) -> Draw:
+        """Choose the starts of a batch of sequences (and their weights) and fix their row arithmetic.
+
+        Non-strict starts are drawn exactly as ``draw`` draws transitions; strict ones among the starts with
+        ``length`` steps in their episode (``Sampler.draw_where``). A strict draw that finds no such start
+        raises ``NotSampleableError`` and leaves the RNG as it was.
+        """
+        before = dict(self.rng.bit_generator.state)
+        if strict:
+            got = sampler.draw_where(self.rng, batch_size, lambda slots: index.sequence_fits(slots, length), beta,
+                                     lambda: index.fitting_starts(length))
+            if got is None:
+                self.rng.bit_generator.state = before
+                raise NotSampleableError(
+                    f"sample_sequences(strict=True): no sampleable transition has {length} steps in its episode"
+                    " (written so far); use a smaller length, strict=False (masked sequences), or add more steps")
+        else:
+            got = sampler.draw(self.rng, batch_size, True, beta)
+        self._count += 1
+        ids, weight = got
+        head = index.rows
+        return Draw(ids, weight, before, self._count, index.sequence_plan(index.slots_of(ids), length, head),
+                    length, strict, head)
+
+    def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], index: Index,
+                 kind: tuple[int, int, bool], prefetch: int,
+                 handout: Callable[[int], None] | None = None) -> BatchIterator[T]:
+        """A prefetching iterator of draws of one ``kind`` (``Draw.kind``: batch size, sequence length or 0,
+        strict). The first one after a resume first hands out the batches the committed run had drawn but
+        not handed out (if they are of this kind and still sampleable), then continues from there.
         ``handout(rows)`` runs before each batch is handed out (the rate limit)."""
         pending: list[Draw] = []
-        if self._resume_draws and all(d.ids.size == batch_size for d in self._resume_draws) and \
-                index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all():
+        if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
+                and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
             # (a manifest naming ids that are not sampleable is not handed out: draw afresh from ``rng``)
-            pending = self._resume_draws
-            self.rng.bit_generator.state = self._resume_rng
+            try:
+                for d in self._resume_draws:
+                    slots = index.slots_of(d.ids)
+                    d.plan = index.sequence_plan(slots, d.length, d.head) if d.length else index.plan(slots)
+                pending = self._resume_draws
+                self.rng.bit_generator.state = self._resume_rng
+            except ValueError:  # a head that cannot hold its starts (a forged manifest): draw afresh too
+                pending = []
         self._resume_draws = []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        for d in pending:
-            d.plan = index.plan(index.slots_of(d.ids))
         it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout)
         self._iterators.add(it)
         return it
@@ -72,14 +105,19 @@ class Drawer:
         pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
         if not pending:
             return {"rng": self.rng.bit_generator.state, "pending_draws": None}
-        if not index.ids_valid(np.concatenate([d.ids for d in pending])).all():
-            # Rows drawn before a retirement evicted them cannot be handed out again after a resume:
-            # record the rule's state only (the resumed run re-draws from the last batch handed out).
+        if len({d.kind for d in pending}) > 1 or not index.ids_valid(np.concatenate([d.ids for d in pending])).all():
+            # Rows drawn before a retirement evicted them cannot be handed out again after a resume, nor
+            # can draws of several kinds (one resumed iterator takes them all): record the rule's state
+            # only (the resumed run re-draws from the last batch handed out).
             return {"rng": pending[0].rng_before, "pending_draws": None}
-        return {"rng": pending[0].rng_before, "pending_draws": {
+        entry: dict[str, Any] = {
             "rng_after": self.rng.bit_generator.state,
             "ids": [d.ids.tolist() for d in pending],
-            "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}}
+            "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}
+        if pending[0].length:
+            entry["sequences"] = {"length": pending[0].length, "strict": pending[0].strict,
+                                  "heads": [d.head for d in pending]}
+        return {"rng": pending[0].rng_before, "pending_draws": entry}
 
     def discard_pending(self) -> None:
         """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
@@ -119,4 +157,8 @@ def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[s
     draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
                   manifest["rng"] if i == 0 else {}, i)
              for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
+    seq = state.get("sequences")
+    if seq:
+        for d, head in zip(draws, seq["heads"], strict=True):
+            d.length, d.strict, d.head = int(seq["length"]), bool(seq["strict"]), int(head)
     return draws, state["rng_after"]

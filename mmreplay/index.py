@@ -20,12 +20,24 @@ from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
 from .plan import Plan, RowMath
+from .sequences import SequencePlan, sequence_fits, sequence_plan
 
 __all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
            "LOST", "INVALID", "DISK_FLAGS"]
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
+
+
+class _Fits:
+    """``Index.fitting_starts``' state: per stream the sorted ids that fitted when rows were ``head``, and
+    the first row whose validity was undecided then."""
+
+    def __init__(self, length: int, per_stream: list[np.ndarray], head: int, undecided: int) -> None:
+        self.length = length
+        self.per_stream = per_stream
+        self.head = head
+        self.undecided = undecided
 
 
 class Index:
@@ -61,7 +73,8 @@ class Index:
         # moves the start of what is listed (episodes, transition tables) to the row it happened at.
         self.clear_id = 0  # ids below were removed by clear()
         self.clear_row = 0  # rows at the time of that clear()
-        self.validity_changed = False  # invalidations since the last durable record (set_validity_saved)
+        self.validity_changed = False  # invalidated or cleared since the last commit recorded it
+        self._fits: _Fits | None = None  # fitting_starts() of the last length asked
 
     # -- layout ----------------------------------------------------------------------------------------
     def resize(self, positions: int) -> list[tuple[slice, slice]]:
@@ -257,6 +270,54 @@ class Index:
         """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
         return self.math.plan(self.flags, self.epos, self.geo, slots, self.seq_of_pos, self.oldest_row,
                               self.rows, self.has_missing)
+
+    def sequence_plan(self, slots: np.ndarray, length: int, head: int | None = None) -> SequencePlan:
+        """The row arithmetic of sequences of ``length`` steps from valid transition slots ``slots``, as they
+        were when ``head`` rows were written (default: now; see ``sequences.sequence_plan``)."""
+        head = self.rows if head is None else head
+        if not self.oldest_row < head <= self.rows:
+            raise ValueError(f"head: expected a row count in ({self.oldest_row}, {self.rows}], got {head}")
+        if slots.size and int(self.geo.rows_of(slots, self.seq_of_pos)[1].max()) >= head:
+            raise ValueError(f"head: {head} rows cannot hold these starts (a start must be written before it)")
+        return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, self.seq_of_pos, slots,
+                             length, head)
+
+    def sequence_fits(self, slots: np.ndarray, length: int) -> np.ndarray:
+        """Which valid transition slots start ``length`` steps of their episode, written now (bool mask)."""
+        return sequence_fits(self.epos, self.geo, self.seq_of_pos, slots, length, self.rows)
+
+    def fitting_starts(self, length: int) -> np.ndarray:
+        """Ids of the sampleable transitions that start ``length`` steps of their episode (strict sequences).
+
+        Kept up to date incrementally for the last ``length`` asked: the first call is one pass over the
+        sampleable set; later ones re-examine only the rows whose answer can have changed since (written
+        since, or within ``length`` rows of the head then, or undecided then): O(streams x (rows written
+        since + length + n_step)). Ids that stopped being sampleable after they entered (their stack history
+        went with a retired chunk) may remain: callers check what they draw. Evicted ids never remain.
+        """
+        c = self._fits
+        streams = np.arange(self.geo.num_envs, dtype=np.int64)
+        if c is None or c.length != length:
+            ids = self.valid_ids()
+            ids = ids[self.sequence_fits(self.slots_of(ids), length)]
+            per = [ids[self.geo.rows_of(self.slots_of(ids), self.seq_of_pos)[0] == s] for s in streams]
+        else:
+            per = c.per_stream
+            cut = max(min(c.head - length + 1, c.undecided), self.oldest_row)
+            if self.rows > cut:
+                region = self.geo.slots(streams[:, None], np.arange(cut, self.rows, dtype=np.int64)[None, :])
+                rid = self.slot_id[region]  # (streams, rows): ids grow with the row inside a stream
+                for s in streams:
+                    new = rid[s][rid[s] >= 0]
+                    if not new.size:
+                        continue
+                    old = per[s]
+                    old = old[(old >= self.oldest_id) & (old < new[0])]  # entries of rows before the cut
+                    sl = self.slots_of(new)
+                    per[s] = np.concatenate([old, new[self.valid[sl] & self.sequence_fits(sl, length)]])
+            per = [a[a >= self.oldest_id] for a in per]
+        self._fits = _Fits(length, per, self.rows, max(int(self.checked.min()), self.oldest_row))
+        return np.concatenate(per)
 
     def latest_stacks(self) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``(num_envs, k)`` of every stream's newest stacked state and its zero-padding mask.

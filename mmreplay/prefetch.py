@@ -19,12 +19,14 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .batch import Batch
 from .plan import Plan
+from .sequences import SequencePlan
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -35,13 +37,22 @@ class Draw:
     weight: np.ndarray | None
     rng_before: dict[str, Any]  # the sampling RNG state just before this draw
     order: int  # position among the store's draws
-    plan: Plan | None = None  # row arithmetic, fixed when drawn
+    plan: Plan | SequencePlan | None = None  # row arithmetic, fixed when drawn
+    length: int = 0  # sequences: their length (0: a batch of transitions)
+    strict: bool = False  # sequences: drawn with strict=True
+    head: int = 0  # sequences: rows written when drawn (re-planning a resumed draw uses it)
+
+    @property
+    def kind(self) -> tuple[int, int, bool]:
+        """What an iterator must ask for to hand this draw out: (batch size, length, strict)."""
+        return int(self.ids.size), self.length, self.strict
 
 
-class BatchIterator(Iterator[Batch]):
-    """Iterator returned by ``ReplayStore.batches``; infinite; ``close()`` (or the store's) ends it."""
+class BatchIterator(Iterator[T], Generic[T]):
+    """Iterator returned by ``ReplayStore.batches`` and ``sequence_batches``; infinite; ``close()`` (or the
+    store's) ends it."""
 
-    def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], executor: ThreadPoolExecutor,
+    def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], executor: ThreadPoolExecutor,
                  prefetch: int, pending: list[Draw] | None = None,
                  handout: Callable[[int], None] | None = None) -> None:
         self._draw = draw
@@ -49,7 +60,7 @@ class BatchIterator(Iterator[Batch]):
         self._handout = handout  # called with a batch's rows just before it is handed out (may wait or raise)
         self._executor = executor
         self._prefetch = prefetch
-        self._queue: deque[tuple[Draw, Future[Batch]]] = deque()
+        self._queue: deque[tuple[Draw, Future[T]]] = deque()
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._queue.append((d, executor.submit(assemble, d)))
@@ -59,7 +70,7 @@ class BatchIterator(Iterator[Batch]):
             d = self._draw()
             self._queue.append((d, self._executor.submit(self._assemble, d)))
 
-    def __next__(self) -> Batch:
+    def __next__(self) -> T:
         if self._closed:
             raise StopIteration
         self._fill()  # batches i .. i+p are drawn when batch i is handed out

@@ -1,7 +1,8 @@
 """Reading frame stacks out of the ring: output recycling and reads split across threads.
 
-All reads of frames for sampling go through ``FrameReader.stacks`` (the one
-reader interface a later compressed or cold-storage chunk format plugs into).
+All reads of frames for sampling go through ``FrameReader.stacks`` (transition
+batches) or ``FrameReader.gather`` (any slot array: sequences) - the reader
+interface a compressed or cold-storage chunk format plugs into.
 """
 
 from __future__ import annotations
@@ -94,6 +95,31 @@ class FrameReader:
             elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
         return both[0], both[1]  # C-contiguous views of one buffer
+
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
+        like ``stacks``), copied by the same threads, with the same read-ahead of cold pages."""
+        frames = self.frames
+        out = self._pool.get(slots.shape + frames.shape[1:], frames.dtype)
+        index = slots.reshape(-1)
+        requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
+        if requested:
+            self.request(index)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        flat = out.reshape((-1,) + frames.shape[1:])
+        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+        bounds = [index.size * i // parts for i in range(parts + 1)]
+        futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
+                                          flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
+        np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
+        for f in futures:
+            f.result()
+        if self.prefetch_io == "auto":
+            if requested:
+                self._cold_batches -= 1
+            elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
+                self._cold_batches = self.PROBE_EVERY
+        return out
 
     def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
         """One gather of all ``2 * B * k`` frames into ``both``, split in equal parts run in parallel.

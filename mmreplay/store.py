@@ -38,11 +38,14 @@ from .errors import (
 )
 from .log import ChunkLog
 from .options import Prioritized, RateLimit, Schema
+from .plan import Plan
 from .prefetch import BatchIterator, Draw
 from .ratelimit import RateLimiter
 from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
+from .sequence_batch import SequenceBatch, assemble_sequences
+from .sequences import SequencePlan
 from .snapshot import SNAPSHOT_KEY
 from .statefiles import StateDir
 from .storage.lock import take_lock
@@ -111,7 +114,8 @@ class ReplayStore:
     Frames live in memory-mapped chunk files under ``path``; RAM holds the
     index (~22 bytes per slot) and, for prioritized stores, the sum tree.
     Writing: ``reset(obs)`` then ``step(action, reward, next_obs, terminated, truncated, **extras)``.
-    Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``.
+    Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``;
+    sequences: ``sample_sequences``, ``sequence_batches``, ``gather_sequences``.
     Durability: ``commit()`` is the only resume point besides ``close()``; ``save``/``load`` snapshots.
     """
 
@@ -382,7 +386,7 @@ class ReplayStore:
         d = self._rate_limited(b, lambda: self._draw(b, bool(replace), beta))
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
-    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator:
+    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
 
         Batch ``i + prefetch`` is drawn when batch ``i`` is handed out, so a priority update made after
@@ -399,7 +403,7 @@ class ReplayStore:
             self._require_prio("beta=")
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, b, int(prefetch),
+                                     self._parts.log.index, (b, 0, False), int(prefetch),
                                      None if self._limiter is None else self._limit_handout)
 
     # -- rate limiting ---------------------------------------------------------------------------------
@@ -532,10 +536,81 @@ class ReplayStore:
         """Copy a drawn batch's data (in the prefetch thread). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
-        if d.plan is None:
+        if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
         return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight)
+
+    def sample_sequences(self, batch_size: int, length: int, strict: bool = False,
+                         beta: float | None = None) -> SequenceBatch:
+        """A batch of sequences of ``length`` consecutive steps (``mr.SequenceBatch``), for recurrent and
+        model-based learners.
+
+        Starts are drawn as ``sample()`` draws transitions (uniformly, or by the start's priority with
+        importance weights for ``beta``); the steps after a start need only be written, and a sequence
+        stops at its episode's end or the newest step of its episode (the rest is masked, zeros).
+        ``strict=True`` draws only starts with ``length`` steps in their episode (nothing masked;
+        independent draws in proportion to priority in prioritized stores). Cost O(batch x length),
+        whatever the capacity (a strict draw whose starts rarely fit also makes one pass over the index the
+        first time, see SEMANTICS.md). Raises ``NotSampleableError`` when nothing is sampleable or, strict,
+        no start has ``length`` steps (the RNG is then left as it was).
+        """
+        self._check_open()
+        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
+        return self._assemble_sequence_draw(self._rate_limited(b, lambda: self._draw_sequences(b, n, strict, beta)))
+
+    def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
+                         beta: float | None = None) -> BatchIterator[SequenceBatch]:
+        """An endless iterator of ``sample_sequences(batch_size, length, strict)`` batches whose frames are
+        copied in the background, with the rules of ``batches()``: batch ``i + prefetch`` is drawn (and its
+        steps fixed) when batch ``i`` is handed out; commits record the draws not yet handed out, and the
+        first ``sequence_batches`` iterator of the same arguments after ``open()``/``load()`` hands them out.
+        """
+        self._check_open()
+        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
+        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+            raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
+        return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
+                                     self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
+                                     int(prefetch), None if self._limiter is None else self._limit_handout)
+
+    def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
+        """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
+        ``sample_sequences`` builds them from the store as it is now (weights 1).
+
+        Raises ``NotSampleableError`` naming the first id that is evicted, never issued, or not sampleable.
+        """
+        self._check_open()
+        ids = _inputs.ids_array(index).copy()
+        n = _inputs.length_arg(length)
+        _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
+        self._sync()
+        idx = self._parts.log.index
+        idx.check_ids(ids)
+        plan = idx.sequence_plan(idx.slots_of(ids), n)
+        return assemble_sequences(plan, self._parts.log.ring.arrays, self._extra_names, self._reader, None)
+
+    def _sequence_args(self, batch_size: Any, length: Any, strict: Any,
+                       beta: Any) -> tuple[int, int, bool, float | None]:
+        b = _inputs.batch_size_arg(batch_size)
+        n = _inputs.length_arg(length)
+        _inputs.sequences_fit(b, n, self._schema.stack * self._schema.frame_bytes)
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"strict: expected True or False, got {strict!r}")
+        if beta is not None:
+            self._require_prio("beta=")
+            beta = check_beta(beta)
+        return b, n, bool(strict), beta
+
+    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
+        self._sync()
+        return self._drawer.draw_sequences(self._parts.sampler, self._parts.log.index, b, n, strict, beta)
+
+    def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
+        """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
+        if not isinstance(d.plan, SequencePlan):
+            raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
+        return assemble_sequences(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader, d.weight)
 
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""

@@ -19,6 +19,11 @@ A reader sees the store as of the writer's last ``commit()`` when the iteration 
 RNG goes on, so the stream stays reproducible for the same sequence of commits). Every new
 iteration (a new ``iter(loader)``) starts the same streams again: pass another ``seed`` for fresh ones.
 The dataset yields whole batches, so give the ``DataLoader`` ``batch_size=None`` (``replay_loader`` does).
+
+Sequences (recurrent and model-based learners): ``replay_loader(path, 32, sequence_length=80)`` yields
+``store.sequence_batches(32, 80)`` as dicts of tensors, time axis second: ``obs`` ``(B, L+1, k, ...)``,
+``action``/``reward``/``terminated``/``truncated``/``is_first``/``mask``/``ids`` ``(B, L, ...)``, ``index`` and
+``weight`` ``(B,)``, ``extras`` ``(B, L, ...)``.
 """
 
 from __future__ import annotations
@@ -38,9 +43,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError("mmreplay.torch needs PyTorch: pip install 'mmreplay[torch]'") from exc
 
 from .batch import Batch
+from .sequence_batch import SequenceBatch
 from .store import ReplayStore
 
-__all__ = ["ReplayDataset", "TensorBatch", "replay_loader", "to_tensors"]
+__all__ = ["ReplayDataset", "TensorBatch", "TensorSequenceBatch", "replay_loader", "to_tensors"]
 
 
 @dataclass
@@ -74,17 +80,58 @@ class TensorBatch:
         return self._map(lambda t: t.pin_memory())
 
 
+@dataclass
+class TensorSequenceBatch:
+    """A ``SequenceBatch`` as CPU tensors (same fields, same dtypes, time axis second)."""
+
+    obs: torch.Tensor
+    action: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    is_first: torch.Tensor
+    mask: torch.Tensor
+    ids: torch.Tensor
+    index: torch.Tensor
+    weight: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def _map(self, fn: Any) -> TensorSequenceBatch:
+        values = {f.name: fn(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
+        return TensorSequenceBatch(**values, extras={k: fn(v) for k, v in self.extras.items()})
+
+    def to(self, device: Any, non_blocking: bool = False) -> TensorSequenceBatch:
+        """Every tensor moved to ``device`` (dtypes unchanged)."""
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> TensorSequenceBatch:
+        """Page-locked copies (what ``DataLoader(pin_memory=True)`` calls)."""
+        return self._map(lambda t: t.pin_memory())
+
+
 def _tensor(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
-def to_tensors(batch: Batch, as_dict: bool = True) -> dict[str, Any] | TensorBatch:
-    """A numpy ``Batch`` as tensors sharing its memory: a dict (``extras`` a nested dict) or a ``TensorBatch``."""
-    values: dict[str, Any] = {name: _tensor(getattr(batch, name)) for name in
-                              ("obs", "action", "reward", "next_obs", "discount", "terminated", "truncated",
-                               "index", "weight")}
+_BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "terminated", "truncated", "index", "weight")
+_SEQUENCE_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids", "index",
+                    "weight")
+
+
+def to_tensors(batch: Batch | SequenceBatch,
+               as_dict: bool = True) -> dict[str, Any] | TensorBatch | TensorSequenceBatch:
+    """A numpy ``Batch`` or ``SequenceBatch`` as tensors sharing its memory: a dict (``extras`` a nested
+    dict) or a ``TensorBatch`` / ``TensorSequenceBatch``."""
+    seq = isinstance(batch, SequenceBatch)
+    values: dict[str, Any] = {name: _tensor(getattr(batch, name))
+                              for name in (_SEQUENCE_FIELDS if seq else _BATCH_FIELDS)}
     values["extras"] = {k: _tensor(v) for k, v in batch.extras.items()}
-    return values if as_dict else TensorBatch(**values)
+    if as_dict:
+        return values
+    return TensorSequenceBatch(**values) if seq else TensorBatch(**values)
 
 
 def _accelerator() -> bool:
@@ -114,13 +161,16 @@ class ReplayDataset(IterableDataset[Any]):
     (pinning in a worker raises ``ValueError``); without an accelerator it warns and does not pin.
     ``read_threads``: frame-copy threads per reader (default 1 in a worker, else the store's default).
     ``refresh_every``: move to the writer's latest commit every this many batches (online training with
-    a live writer); ``None`` keeps the commit seen at the start.
+    a live writer); ``None`` keeps the commit seen at the start. ``sequence_length``: yield batches of
+    sequences of this many steps (``store.sequence_batches``; time axis second) instead of transitions;
+    ``strict``: with ``sequence_length``, only sequences with that many steps in their episode.
     """
 
     def __init__(self, path: str | os.PathLike[str], batch_size: int, seed: int = 0, prefetch: int = 2,
                  beta: float | None = None, num_batches: int | None = None, as_dict: bool = True,
                  pin_memory: bool = False, read_threads: int | None = None,
-                 refresh_every: int | None = None) -> None:
+                 refresh_every: int | None = None, sequence_length: int | None = None,
+                 strict: bool = False) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -130,6 +180,13 @@ class ReplayDataset(IterableDataset[Any]):
             raise ValueError(f"num_batches: expected an int >= 0 or None, got {num_batches!r}")
         if refresh_every is not None and (not isinstance(refresh_every, int) or refresh_every < 1):
             raise ValueError(f"refresh_every: expected an int >= 1 or None, got {refresh_every!r}")
+        if sequence_length is not None and (isinstance(sequence_length, bool) or not isinstance(sequence_length, int)
+                                            or sequence_length < 1):
+            raise ValueError(f"sequence_length: expected an int >= 1 or None, got {sequence_length!r}")
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict: expected True or False, got {strict!r}")
+        if strict and sequence_length is None:
+            raise ValueError("strict=True is for sequences: pass sequence_length= too")
         self.path = os.fspath(path)
         self.batch_size = batch_size
         self.seed = seed
@@ -140,6 +197,8 @@ class ReplayDataset(IterableDataset[Any]):
         self.pin_memory = pin_memory
         self.read_threads = read_threads
         self.refresh_every = refresh_every
+        self.sequence_length = sequence_length
+        self.strict = strict
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
@@ -157,14 +216,21 @@ class ReplayDataset(IterableDataset[Any]):
 
     def _stream(self, seed: int, threads: int | None, pin: bool) -> Iterator[Any]:
         with ReplayStore.open(self.path, mode="r", seed=seed, read_threads=threads) as store:
-            batches = store.batches(self.batch_size, prefetch=self.prefetch, beta=self.beta)
+            batches = self._batches(store)
             n = 0
             while self.num_batches is None or n < self.num_batches:
                 if n and self.refresh_every and n % self.refresh_every == 0 and store.refresh():
-                    batches = store.batches(self.batch_size, prefetch=self.prefetch, beta=self.beta)
+                    batches = self._batches(store)
                 out = to_tensors(next(batches), self.as_dict)
                 yield _pin(out) if pin else out
                 n += 1
+
+
+    def _batches(self, store: ReplayStore) -> Iterator[Batch | SequenceBatch]:
+        if self.sequence_length is None:
+            return store.batches(self.batch_size, prefetch=self.prefetch, beta=self.beta)
+        return store.sequence_batches(self.batch_size, self.sequence_length, prefetch=self.prefetch,
+                                      strict=self.strict, beta=self.beta)
 
 
 def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: int = 0, seed: int = 0,

@@ -195,6 +195,48 @@ class ModelStore:
             extras={name: value.copy() for name, value in tr["extras"].items()},
         )
 
+    def sequence(self, i, length):
+        """The sequence of ``length`` steps starting at sampleable transition ``i`` (SEMANTICS.md,
+        "Sequences"): one row of a SequenceBatch, each field without the batch axis."""
+        i = operator.index(i)
+        if not (self.oldest_id <= i < self.next_id and self._complete_and_intact(i)):
+            raise KeyError(i)
+        ep, t = self.transitions[i]["episode"], self.transitions[i]["t"]
+        steps = min(length, len(ep.ids) - t)  # the episode's steps written so far, from t on
+        out = dict(
+            obs=np.zeros((length + 1, self.k) + self.obs_shape, self.obs_dtype),
+            action=np.zeros((length,) + self.action_shape, self.action_dtype),
+            reward=np.zeros(length, np.float32),
+            terminated=np.zeros(length, bool),
+            truncated=np.zeros(length, bool),
+            is_first=np.zeros(length, bool),
+            mask=np.zeros(length, bool),
+            ids=np.full(length, -1, np.int64),
+            index=i,
+            extras={name: np.zeros((length,) + shape, dtype) for name, (shape, dtype) in self.extras_spec.items()},
+        )
+        for j in range(steps):
+            tid = ep.ids[t + j]
+            tr = self.transitions[tid]
+            last = t + j == len(ep.ids) - 1
+            out["action"][j] = tr["action"]
+            out["reward"][j] = tr["reward"]
+            out["terminated"][j] = last and ep.end == "terminated"
+            out["truncated"][j] = last and ep.end == "truncated"
+            out["is_first"][j] = t + j == 0
+            out["mask"][j] = True
+            out["ids"][j] = tid
+            for name, value in tr["extras"].items():
+                out["extras"][name][j] = value
+        for j in range(steps + 1):  # states before each step and after the last; zeros after that
+            out["obs"][j] = self._stacked(ep, t + j)
+        return out
+
+    def sequence_fits(self, i, length):
+        """Whether sampleable transition ``i`` starts ``length`` steps of its episode (strict sequences)."""
+        tr = self.transitions[i]
+        return len(tr["episode"].ids) - tr["t"] >= length
+
     def current_obs(self):
         states = []
         for ep in self.current:

@@ -11,8 +11,8 @@ import mmreplay
 LAYERS = [
     {"errors", "options", "synthetic", "native", "numeric", "version", "spaces"},
     {"storage"},
-    {"layout", "plan", "episodes", "index"},
-    {"log", "reader", "batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
+    {"layout", "plan", "sequences", "episodes", "index"},
+    {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
     {"sampling", "writer"},
     {"drawing", "durability"},
     {"store", "verify"},

@@ -501,3 +501,27 @@ def test_a_forked_child_samples_as_a_reader(tmp_path):
     with pytest.raises(mr.RateLimitTimeout, match="no reader store is open"):  # now nobody could
         _step(s, 16)
     s.close()
+
+
+def test_sequences_count_their_starts_and_never_start_at_invalidated_ones(tmp_path):
+    s = _create(tmp_path / "s", eb=8.0)
+    for t in range(13):
+        _step(s, t)
+    s.invalidate([0, 1, 2])
+    seq = s.sample_sequences(4, 3)
+    assert seq.index.size == 4 and not np.isin(seq.index, [0, 1, 2]).any()
+    assert _counts(s)[1] == 4  # a sequence counts as one row: its start
+    strict = s.sample_sequences(8, 2, strict=True)
+    assert not np.isin(strict.index, [0, 1, 2]).any() and _counts(s)[1] == 12
+    it = s.sequence_batches(8, 2, prefetch=1)
+    next(it)
+    assert _counts(s)[1] == 20
+    rng = s.inspect()["rng"]
+    with pytest.raises(mr.RateLimitTimeout, match="waiting would never end"):
+        s.sample_sequences(16, 2)  # 20 + 16 > 2 * 13 + 8
+    assert s.inspect()["rng"] == rng and _counts(s)[1] == 20
+    next(it)  # 28 <= 34
+    with pytest.raises(mr.RateLimitTimeout):
+        next(it)  # 36 > 34
+    assert _counts(s)[1] == 28
+    s.close()

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..statefiles import StateDir
+from .subset import Accept, Pool
 
 
 class Sampler(Protocol):
@@ -26,6 +27,17 @@ class Sampler(Protocol):
 
         The only consumer of ``rng``. Raises ``NotSampleableError`` when nothing is sampleable,
         ``ValueError`` for options the sampler does not support (``replace=False``, ``beta``).
+        """
+        ...
+
+    def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
+                   pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """``batch_size`` ids drawn among the sampleable transitions whose slots pass ``accept``, with the
+        sampler's distribution restricted to them (independent draws, with replacement; see ``subset``),
+        and their importance weights as ``draw`` computes them (None meaning all 1). ``pool``, if given,
+        returns ids among which are all sampleable transitions that pass (others may be there): the
+        fallback draws among those instead of examining the whole sampleable set. Returns None when no
+        sampleable transition passes. Raises like ``draw`` when nothing is sampleable at all.
         """
         ...
 

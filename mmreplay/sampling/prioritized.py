@@ -30,6 +30,7 @@ from ..index import Index
 from ..numeric import finite_nonnegative, keep_last
 from ..options import Prioritized
 from ..statefiles import StateDir
+from .subset import Accept, Pool, propose_and_accept
 from .sumtree import SumTree
 from .uniform import require_sampleable
 
@@ -77,8 +78,45 @@ class PrioritizedSampler:
         use_beta = self.beta if beta is None else check_beta(beta)
         require_sampleable(self.index.n_valid)
         slots = self.tree.sample_stratified(rng, batch_size)
-        weight = np.power(self.tree.get(slots) / self.tree.min_positive, -use_beta)
-        return self.index.ids_of(slots), weight.astype(np.float32)
+        return self.index.ids_of(slots), self._weights(slots, use_beta)
+
+    def _weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
+        """Importance weights (float32) of drawn slots, normalised by the largest over the store."""
+        return np.power(self.tree.get(slots) / self.tree.min_positive, -beta).astype(np.float32)
+
+    def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
+                   pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """``batch_size`` ids drawn in proportion to their mass among the sampleable transitions whose
+        slots pass ``accept`` (None if none does), with the importance weights ``draw`` gives them.
+
+        Draws are independent, not stratified: rejecting points of a stratified draw would bias the
+        result towards the strata that happen to hold accepted mass. The weights are ``draw``'s: for the
+        distribution restricted to the accepted set they are the right importance weights up to one
+        constant factor, so normalising by the store's largest weight keeps them <= 1. When too little
+        mass passes, the draw is made exactly over ``pool`` (or the whole sampleable set): O(its size).
+        """
+        use_beta = self.beta if beta is None else check_beta(beta)
+        idx = self.index
+        require_sampleable(idx.n_valid)
+        tree = self.tree
+        total = float(tree.total)
+        if not total > 0:
+            raise NotSampleableError("every sampleable transition has priority mass 0: raise eps or the priorities")
+
+        def propose(n: int) -> np.ndarray:
+            return tree.find(rng.random(n) * total)
+
+        slots = propose_and_accept(batch_size, propose, accept)
+        if slots is None:  # little mass passes: an exact draw (slots that are not sampleable have no mass)
+            cand = idx.slots_of(idx.valid_ids() if pool is None else pool())
+            cand = cand[accept(cand)]
+            cum = np.cumsum(tree.get(cand))
+            if cand.size == 0 or not cum[-1] > 0:
+                return None
+            pick = np.searchsorted(cum, rng.random(batch_size) * cum[-1], side="right")
+            # a point rounded up to the total goes to the last entry with mass
+            slots = cand[np.minimum(pick, int(np.flatnonzero(np.diff(cum, prepend=0.0) > 0)[-1]))]
+        return idx.ids_of(slots), self._weights(slots, use_beta)
 
     # -- per-slot state --------------------------------------------------------------------------------
     def _set(self, slots: np.ndarray, raw: np.ndarray | float, mass: np.ndarray | float) -> None:

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import NotSampleableError
 from ..index import Index
 from ..statefiles import StateDir
+from .subset import Accept, Pool, propose_and_accept
 
 
 def require_sampleable(n_valid: int) -> None:
@@ -63,6 +64,43 @@ class UniformSampler:
                 _, first = np.unique(out, return_index=True)
                 out = out[np.sort(first)]
         return out, None
+
+    def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
+                   pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
+        """``batch_size`` ids drawn uniformly (with replacement) among the sampleable transitions whose
+        slots pass ``accept``; None if none does. Proposals are uniform draws as in ``draw``; when too few
+        pass, uniform draws from ``pool`` (those that are sampleable and pass), else one exact pass."""
+        if beta is not None:
+            raise ValueError("beta= is for prioritized stores; this store samples uniformly")
+        idx = self.index
+        require_sampleable(idx.n_valid)
+        lo, hi = idx.oldest_id, idx.next_id
+        listed = idx.valid_ids() if 2 * idx.n_valid < hi - lo else None
+
+        def propose(n: int) -> np.ndarray:
+            if listed is not None:
+                return idx.slots_of(listed[rng.integers(0, listed.size, size=n)])
+            cand = rng.integers(lo, hi, size=n, dtype=np.int64)
+            return idx.slots_of(cand[idx.valid_in_range(cand)])
+
+        slots = propose_and_accept(batch_size, propose, accept)
+        if slots is not None:
+            return idx.ids_of(slots), None
+        ids = pool() if pool is not None else (idx.valid_ids() if listed is None else listed)
+        if ids.size:
+            def from_pool(n: int) -> np.ndarray:
+                cand = ids[rng.integers(0, ids.size, size=n)]
+                return idx.slots_of(cand[idx.valid_in_range(cand)])
+
+            slots = propose_and_accept(batch_size, from_pool, accept)
+            if slots is not None:
+                return idx.ids_of(slots), None
+            ids = ids[idx.valid_in_range(ids)]  # the pool is mostly stale: one exact pass over it
+        sl = idx.slots_of(ids)
+        sl = sl[accept(sl)]
+        if sl.size == 0:
+            return None
+        return idx.ids_of(sl[rng.integers(0, sl.size, size=batch_size)]), None
 
     def added(self, slots: np.ndarray) -> None:
         pass

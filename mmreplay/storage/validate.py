@@ -152,7 +152,7 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
     except ValueError as exc:
         raise CorruptStoreError(f"{where}: ring_positions={positions:,}: {exc}") from None
     check_rng(doc.get("rng"), "rng", where)
-    _check_pending(f, doc.get("pending_draws"), oldest_id, next_id)
+    _check_pending(f, doc.get("pending_draws"), oldest_id, next_id, rows)
     _check_priorities(f, doc.get("priorities"), oldest_id, next_id, positions * schema.rows_alloc)
     _check_validity(f, doc.get("validity"), next_id, rows)
     if doc.get("state_crc32") is not None:
@@ -208,7 +208,7 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: int, next
     return int(chunks[0]["first_id"]) if chunks else next_id
 
 
-def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int) -> None:
+def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows: int) -> None:
     if pending is None:
         return
     p = f.dict_("pending_draws", pending, ("ids", "weights", "rng_after"))
@@ -234,6 +234,17 @@ def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int) -> No
             for v in w:
                 f.real(f"pending_draws.weights[{i}]", v, 0.0, 1.0)  # importance weights are normalised to <= 1
     check_rng(p["rng_after"], "pending_draws.rng_after", f.where)
+    seq = p.get("sequences")
+    if seq is not None:  # batches of sequences: their length, strictness, and the rows written at each draw
+        seq = f.dict_("pending_draws.sequences", seq, ("length", "strict", "heads"))
+        f.int_("pending_draws.sequences.length", seq["length"], 1)
+        if not isinstance(seq["strict"], bool):
+            f.fail("pending_draws.sequences.strict", seq["strict"], "true or false")
+        heads = f.list_("pending_draws.sequences.heads", seq["heads"], 4096)
+        if len(heads) != len(batches):
+            f.fail("pending_draws.sequences.heads", heads, f"{len(batches)} row counts (one per batch of ids)")
+        for i, h in enumerate(heads):
+            f.int_(f"pending_draws.sequences.heads[{i}]", h, 1, rows)
 
 
 def _check_priorities(f: _Fields, entry: Any, oldest_id: int, next_id: int, slots: int) -> None:

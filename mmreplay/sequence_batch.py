@@ -1,0 +1,121 @@
+"""The ``SequenceBatch`` returned by ``sample_sequences``, how it is assembled, and R2D2's sequence priority."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .reader import FrameReader
+from .sequences import SequencePlan
+
+__all__ = ["SequenceBatch", "sequence_priority"]
+
+
+@dataclass
+class SequenceBatch:
+    """A batch of B sequences of L steps as numpy arrays (k = stack).
+
+    - ``obs``: ``(B, L+1, k, *obs_shape)``, the stacked states s_t .. s_{t+L}: ``obs[:, j]`` is the state
+      before step j, ``obs[:, m]`` (m unmasked steps) the state after the last one; later states are zeros.
+    - ``action``: ``(B, L, *action_shape)``; ``reward``: ``(B, L)`` float32 one-step rewards.
+    - ``terminated`` / ``truncated``: ``(B, L)`` bool, step j ended its episode that way.
+    - ``is_first``: ``(B, L)`` bool, step j is its episode's first step.
+    - ``mask``: ``(B, L)`` bool, step j exists (the sequence's episode, written so far, reaches it);
+      masked steps are zeros in every field and -1 in ``ids``. ``mask[:, 0]`` is always True.
+    - ``ids``: ``(B, L)`` int64 transition ids; ``index``: ``(B,)`` = ``ids[:, 0]``, the start ids (what
+      ``update_priorities`` takes); ``weight``: ``(B,)`` float32 importance weights (1.0 for uniform).
+    - ``extras``: dict of ``(B, L, *shape)`` arrays.
+    """
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    is_first: np.ndarray
+    mask: np.ndarray
+    ids: np.ndarray
+    index: np.ndarray
+    weight: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    @property
+    def length(self) -> int:
+        """L, the steps per sequence."""
+        return int(self.mask.shape[1])
+
+
+def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """``values`` (B, L, ...) with the masked steps zeroed (in place; ``values`` is a fresh gather)."""
+    if not mask.all():
+        values[~mask] = 0
+    return values
+
+
+def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
+                       reader: FrameReader, weight: np.ndarray | None) -> SequenceBatch:
+    """Copy a planned batch of sequences out of the ring arrays (frames through ``reader``)."""
+    obs = reader.gather(plan.obs_slots)
+    if plan.obs_pad.any():
+        obs[plan.obs_pad] = 0
+    if plan.obs_zero.any():
+        obs[plan.obs_zero] = 0
+    mask, slots = plan.mask, plan.step_slots
+    b = slots.shape[0]
+    ids = plan.ids
+    return SequenceBatch(
+        obs=obs,
+        action=_masked(arrays["action"][slots], mask),
+        reward=_masked(arrays["reward"][slots].astype(np.float32, copy=False), mask),
+        terminated=plan.terminated,
+        truncated=plan.truncated,
+        is_first=plan.is_first,
+        mask=mask,
+        ids=ids,
+        index=ids[:, 0].copy(),
+        weight=np.ones(b, np.float32) if weight is None else weight.astype(np.float32, copy=True),
+        extras={name: _masked(arrays["x_" + name][slots], mask) for name in extra_names},
+    )
+
+
+def sequence_priority(abs_td: Any, mask: Any, eta: float = 0.9) -> np.ndarray:
+    """R2D2's priority of each sequence: ``eta * max + (1 - eta) * mean`` of ``abs_td`` over its unmasked steps.
+
+    ``abs_td``: ``(B, L)`` absolute TD errors (numpy, or anything ``np.asarray`` takes: a CPU tensor
+    after ``.detach().cpu()``); ``mask``: ``(B, L)`` bool, e.g. ``seq.mask``; ``eta`` in [0, 1].
+    Masked entries are ignored (they may hold anything, NaN included). Returns ``(B,)`` float64, ready for
+    ``store.update_priorities(seq.index, p)``. Raises ``ValueError`` for shapes that differ or are not
+    2-D, a row without an unmasked step, NaN, infinite or negative unmasked values, or ``eta`` outside
+    [0, 1]; ``TypeError`` for a non-boolean mask or non-numeric errors.
+    """
+    if isinstance(eta, bool) or not isinstance(eta, (int, float, np.integer, np.floating)) or not 0 <= eta <= 1:
+        raise ValueError(f"eta: expected a number in [0, 1], got {eta!r}")
+    td = np.asarray(abs_td)
+    m = np.asarray(mask)
+    if td.ndim != 2:
+        raise ValueError(f"abs_td: expected a (batch, length) array, got shape {td.shape}")
+    if m.shape != td.shape:
+        raise ValueError(f"mask: expected shape {td.shape} (that of abs_td), got {m.shape}")
+    if td.dtype.kind not in "biuf":
+        raise TypeError(f"abs_td: expected real numbers, got dtype {td.dtype}")
+    if m.dtype != np.bool_:
+        raise TypeError(f"mask: expected a bool array (seq.mask), got dtype {m.dtype}")
+    empty = ~m.any(axis=1)
+    if empty.any():
+        raise ValueError(f"mask[{int(np.flatnonzero(empty)[0])}] has no unmasked step: a sequence's first step"
+                         " is always unmasked; pass seq.mask")
+    td = td.astype(np.float64)
+    bad = m & ~(np.isfinite(td) & (td >= 0))
+    if bad.any():
+        i, j = (int(x[0]) for x in np.nonzero(bad))
+        raise ValueError(f"abs_td[{i}, {j}] = {td[i, j]!r}: expected finite absolute TD errors >= 0 on unmasked"
+                         " steps")
+    vals = np.where(m, td, 0.0)
+    top = np.where(m, td, -np.inf).max(axis=1)
+    mean = vals.sum(axis=1) / m.sum(axis=1)
+    return eta * top + (1 - eta) * mean
