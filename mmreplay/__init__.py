@@ -13,13 +13,14 @@ from .errors import (
     MMReplayError,
     NotAStoreError,
     NotSampleableError,
+    RateLimitTimeout,
     ReadOnlyStoreError,
     StoreClosedError,
     StoreIOError,
     StoreLockedError,
     StoreNotFoundError,
 )
-from .options import Prioritized
+from .options import Prioritized, RateLimit
 from .sequence_batch import SequenceBatch, sequence_priority
 from .snapshot import prune_snapshots
 from .store import ReplayStore
@@ -38,6 +39,8 @@ __all__ = [
     "NotAStoreError",
     "NotSampleableError",
     "Prioritized",
+    "RateLimit",
+    "RateLimitTimeout",
     "ReadOnlyStoreError",
     "ReplayStore",
     "SequenceBatch",

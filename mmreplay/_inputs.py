@@ -29,6 +29,21 @@ def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casti
     return arr
 
 
+def quantized(name: str, arr: np.ndarray, shape: tuple[int, ...], hint: str) -> np.ndarray:
+    """Floating frames in [0, 1] as uint8 ``round(x * 255)`` (computed in float64, halves to even as
+    Python's ``round``). Raises ``ValueError`` naming the first value outside [0, 1] or NaN."""
+    if arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")
+    ok = (arr >= 0) & (arr <= 1)  # NaN compares false
+    if not ok.all():
+        at = np.unravel_index(int(np.flatnonzero(~ok.ravel())[0]), arr.shape)
+        raise ValueError(f"{name}: quantize=True takes floating frames in [0, 1], got {arr[at]!r} at"
+                         f" {tuple(int(i) for i in at)}; scale the frames to [0, 1] (or pass uint8 frames)")
+    out = np.multiply(arr, 255.0, dtype=np.float64)
+    np.rint(out, out=out)
+    return out.astype(np.uint8)
+
+
 class Inputs:
     """Coerces and checks user input for one schema (batched = leading num_envs axis)."""
 
@@ -39,9 +54,15 @@ class Inputs:
         self.batched = schema.vector
         self.lead: tuple[int, ...] = (schema.num_envs,) if schema.vector else ()
         self.batch_hint = f" (num_envs={schema.num_envs} first)" if schema.vector else ""
+        self.quantize = schema.quantize
 
     def obs(self, value: Any, name: str = "next_obs") -> np.ndarray:
         s = self.schema
+        if self.quantize:
+            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if arr.dtype.kind == "f":
+                return quantized(name, arr, self.lead + s.obs_shape, f" (obs_shape{self.batch_hint})")
+            value = arr
         return _array(name, value, self.lead + s.obs_shape, s.obs_dtype, "safe",
                       f" (obs_shape{self.batch_hint})")
 

@@ -18,12 +18,12 @@ import numpy as np
 
 from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
-from .layout import DISK_FLAGS, END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 
 __all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
-           "LOST", "DISK_FLAGS"]
+           "LOST", "INVALID", "DISK_FLAGS"]
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
@@ -68,6 +68,12 @@ class Index:
         self.checked = np.zeros(geometry.num_envs, np.int64)  # per stream: first row whose validity is undecided
         self.n_valid = 0
         self._synced_rows = -1
+        # invalidate()/clear(): invalidated transitions carry the INVALID bit, so no later decision
+        # (sync, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
+        # moves the start of what is listed (episodes, transition tables) to the row it happened at.
+        self.clear_id = 0  # ids below were removed by clear()
+        self.clear_row = 0  # rows at the time of that clear()
+        self.validity_changed = False  # invalidated or cleared since the last commit recorded it
         self._fits: _Fits | None = None  # fitting_starts() of the last length asked
 
     # -- layout ----------------------------------------------------------------------------------------
@@ -251,6 +257,10 @@ class Index:
             why = f"was evicted (oldest retained id is {self.oldest_id})"
         elif i >= self.next_id:
             why = f"was never issued (next id is {self.next_id})"
+        elif i < self.clear_id:
+            why = f"was removed by clear() (ids below {self.clear_id})"
+        elif self.flags[self.slots_of(np.array([i]))[0]] & INVALID:
+            why = "was invalidated (invalidate())"
         else:
             why = "is not sampleable (its n-step window is still open, or its stack history was evicted)"
         raise NotSampleableError(f"index[{bad}] = {i} {why}")
@@ -329,9 +339,96 @@ class Index:
         return self.geo.slots(stream, rows)
 
     def episodes(self, rewards: np.ndarray) -> EpisodeTable:
-        """The table of episodes with a retained frame (``rewards``: the ring's reward column)."""
+        """The table of episodes with a retained frame (``rewards``: the ring's reward column).
+
+        After ``clear()`` it starts at the row the clear happened at (an episode that ran across it lost
+        its head, so it is not complete), or one row earlier for a stream whose episode had just been reset.
+        """
         return episode_table(self.flags, rewards, self.slot_id, self.geo.slots, self.geo.num_envs,
-                             self.oldest_row, self.rows)
+                             self.listed_rows(), self.rows)
+
+    def listed_rows(self) -> np.ndarray:
+        """Per stream, the first row whose frames are listed (episodes, tables): the oldest retained row,
+        or after ``clear()`` the row it happened at (one earlier where that row starts an episode)."""
+        n = self.geo.num_envs
+        lo = np.full(n, self.oldest_row, np.int64)
+        if self.clear_row > self.oldest_row:
+            prev = self.flags[self.geo.slots(np.arange(n, dtype=np.int64), self.clear_row - 1)]
+            lo[:] = self.clear_row - ((prev & START) != 0)
+        return lo
+
+    def transition_rows(self) -> dict[str, np.ndarray]:
+        """Every retained transition not removed by ``clear()``, in id order: ``id``, ``slot``, ``stream``,
+        ``row`` (of its next frame), ``epos`` (that frame's episode position), ``flags`` (RAM bits),
+        ``valid``."""
+        lo, hi = max(self.oldest_id, self.clear_id), self.next_id
+        if hi <= lo:
+            slots = np.empty(0, np.int64)
+        else:
+            slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
+        stream, row = self.geo.rows_of(slots, self.seq_of_pos)
+        return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
+                "epos": self.epos[slots].astype(np.int64), "flags": self.flags[slots], "valid": self.valid[slots]}
+
+    # -- invalidation ----------------------------------------------------------------------------------
+    def invalidate(self, ids: np.ndarray) -> tuple[int, np.ndarray]:
+        """Make transitions ``ids`` never sampleable again (evicted ids are skipped).
+
+        Returns how many retained ids were newly invalidated and the slots that stopped being sampleable
+        (for per-slot structures). Raises ``NotSampleableError`` naming the first id never issued; nothing
+        changes then.
+        """
+        never = (ids < 0) | (ids >= self.next_id)
+        if never.any():
+            i = int(np.flatnonzero(never)[0])
+            raise NotSampleableError(f"index[{i}] = {int(ids[i])} was never issued (next id is {self.next_id})")
+        slots = np.unique(self.slots_of(ids[ids >= self.oldest_id]))
+        fresh = slots[(self.flags[slots] & INVALID) == 0]
+        return int(fresh.size), self._mark_invalid(fresh)
+
+    def clear(self) -> np.ndarray:
+        """Remove every transition written so far from sampling and listing (ids keep counting up).
+
+        Returns the slots that stopped being sampleable.
+        """
+        dropped = self._mark_invalid(np.asarray(self.slots_of_range(self.oldest_id, self.next_id), np.int64))
+        self.clear_id, self.clear_row = self.next_id, self.rows
+        return dropped
+
+    def _mark_invalid(self, slots: np.ndarray) -> np.ndarray:
+        if slots.size == 0:
+            return slots
+        self.flags[slots] |= INVALID
+        was = slots[self.valid[slots]]
+        self.valid[was] = False
+        self.n_valid -= int(was.size)
+        self.validity_changed = True
+        return was
+
+    def invalid_ranges(self) -> np.ndarray:
+        """The invalidated ids at or after the oldest retained one (and the last clear), as sorted
+        disjoint ``[lo, hi)`` ranges: int64 ``(k, 2)``."""
+        lo, hi = max(self.oldest_id, self.clear_id), self.next_id
+        if hi <= lo:
+            return np.empty((0, 2), np.int64)
+        bad = (self.flags[self.slots_of_range(lo, hi)] & INVALID) != 0
+        edges = np.diff(bad.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], axis=1).astype(np.int64) + lo
+
+    def apply_validity(self, ranges: np.ndarray, clear_id: int, clear_row: int) -> None:
+        """Restore a durable validity record after ``rebuild`` (ids of ``ranges`` and below ``clear_id``
+        invalid; ``clear_row``: the rows written at that clear)."""
+        self.clear_id, self.clear_row = int(clear_id), int(clear_row)
+        lo, hi = self.oldest_id, self.next_id
+        a = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 0], lo, hi)
+        b = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 1], lo, hi)
+        a, b = np.append(a, lo), np.append(b, min(max(self.clear_id, lo), hi))
+        n = np.maximum(b - a, 0)
+        if n.sum():
+            starts = np.repeat(a - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+            ids = starts + np.arange(int(n.sum()), dtype=np.int64)
+            self._mark_invalid(np.unique(self.slots_of(ids)))
+        self.validity_changed = False
 
     # -- validity --------------------------------------------------------------------------------------
     BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
@@ -378,7 +475,7 @@ class Index:
         m = np.where(has_end, ends.argmax(axis=1) + 1, n)
         last_f = self.flags[wslots[np.arange(rho.size), m - 1]]
         boot_ok = ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
-        ok = ((f & START) == 0) & boot_ok & self._stack_ok(rho, slots, f)
+        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(rho, slots, f)
         new = slots[ok]
         self.valid[new] = True
         self.n_valid += int(new.size)

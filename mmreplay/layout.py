@@ -31,6 +31,7 @@ DISK_FLAGS = START | TERMINATED | TRUNCATED | MISSING | HEAD_LOST
 # Bits that exist only in RAM.
 END = 32  # the frame is the last one of its episode
 LOST = 64  # the frame's episode has HEAD_LOST
+INVALID = 128  # the transition ending here was invalidated (invalidate() or clear()): never sampleable again
 
 
 @dataclass(frozen=True)

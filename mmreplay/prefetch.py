@@ -53,9 +53,11 @@ class BatchIterator(Iterator[T], Generic[T]):
     store's) ends it."""
 
     def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], executor: ThreadPoolExecutor,
-                 prefetch: int, pending: list[Draw] | None = None) -> None:
+                 prefetch: int, pending: list[Draw] | None = None,
+                 handout: Callable[[int], None] | None = None) -> None:
         self._draw = draw
         self._assemble = assemble
+        self._handout = handout  # called with a batch's rows just before it is handed out (may wait or raise)
         self._executor = executor
         self._prefetch = prefetch
         self._queue: deque[tuple[Draw, Future[T]]] = deque()
@@ -72,6 +74,8 @@ class BatchIterator(Iterator[T], Generic[T]):
         if self._closed:
             raise StopIteration
         self._fill()  # batches i .. i+p are drawn when batch i is handed out
+        if self._handout is not None:  # e.g. a rate limit: if it raises, the batch stays first in line
+            self._handout(int(self._queue[0][0].ids.size))
         _, fut = self._queue.popleft()
         return fut.result()
 
@@ -83,6 +87,11 @@ class BatchIterator(Iterator[T], Generic[T]):
         """Wait until no background copy is running (before chunks are unmapped)."""
         for _, fut in self._queue:
             fut.exception()
+
+    def discard(self) -> None:
+        """Forget the drawn batches (their rows changed under them); later ones are drawn afresh."""
+        self.drain()
+        self._queue.clear()
 
     def close(self) -> None:
         self.drain()

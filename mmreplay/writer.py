@@ -52,6 +52,11 @@ class EpisodeWriter:
             self._epos[:] = epos
             self._lost[:] = np.where(lost, LOST, 0)
 
+    def stored_by_next_step(self) -> int:
+        """Transitions the next ``step()`` stores if it succeeds: one per stream with an open episode
+        (an auto-reset stream stores none)."""
+        return int(np.count_nonzero(self._ep_open)) if self._schema.vector else int(self._ep_open[0])
+
     @property
     def episode_open(self) -> np.ndarray:
         """Per env stream: whether an episode is open (a ``step()`` may follow). A copy, bool ``(num_envs,)``."""

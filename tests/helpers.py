@@ -84,7 +84,8 @@ def data_dir() -> str:
 
 
 # The pyproject extra that installs each optional module the tests import.
-EXTRAS = {"gymnasium": "gym", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari"}
+EXTRAS = {"gymnasium": "gym", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari",
+          "pyarrow": "tables", "pandas": "tables"}
 
 
 def require(module: str):  # noqa: ANN201
