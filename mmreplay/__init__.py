@@ -20,6 +20,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized
+from .sampling.sumtree import SumTree
 from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
@@ -46,6 +47,7 @@ __all__ = [
     "StoreIOError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "SumTree",
     "__version__",
     "export",
     "import_dataset",
