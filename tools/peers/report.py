@@ -11,6 +11,7 @@ GB = 1e9
 
 LABELS = {
     ("mmreplay", ""): "mmreplay",
+    ("mmreplay", "kernels"): "mmreplay (kernels)",
     ("torchrl", ""): "TorchRL LazyMemmapStorage",
     ("cpprb", "nstep"): "cpprb, Nstep 3",
     ("cpprb", "1step"): "cpprb, 1-step next_of",
