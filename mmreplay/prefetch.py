@@ -12,18 +12,18 @@ Who copies. A drawn batch is a job that either the store's prefetch thread or
 the caller's thread runs, whichever claims it first, oldest first. The caller
 claims work only when it would otherwise wait: if the batch it must hand out
 is not ready, it copies the oldest batch nobody has started (often that very
-batch) instead of sleeping. Measured on 2 cores (BENCHMARKS.md, batches), the
-first version, which always handed the copy to the prefetch thread and waited,
-ran at half the rate of a ``sample()`` loop on warm data: every batch paid a
-thread hand-off and wake-up (tens of microseconds, milliseconds when other
-processes keep the cores busy), and the two threads' Python code took turns on
-the GIL, while the copy itself, already split across the reader's threads,
-gained nothing from a third thread. Now a consumer that is slower than the
-copies (a learner) finds its batches ready, copied while it worked; a consumer
-that is faster copies them itself, as ``sample()`` would, while the prefetch
-thread works on the next one, so two batches are in flight, which is what
-helps on cold data (their page reads overlap). ``prefetch=0`` never involves
-the prefetch thread.
+batch) instead of sleeping. The first version always handed the copy to the
+prefetch thread and waited for it: on warm data it ran at half the rate of a
+``sample()`` loop in issue 15's measurement, 0.73-0.85 in same-run A/B tests
+here (2 cores), because every batch paid thread hand-offs and wake-ups (tens
+of microseconds, milliseconds when other processes keep the cores busy) and
+the two threads' Python took turns on the GIL, while the copy itself, already
+split across the reader's threads, gained nothing from one more thread. Now a
+consumer slower than the copies (a learner) finds its batches ready, copied
+while it worked; a faster one copies them itself, as ``sample()`` would, while
+the prefetch thread works on the next, so two batches are in flight, which is
+what helps on cold data (their page reads overlap). ``prefetch=0`` never
+involves the prefetch thread.
 
 The store keeps track of live iterators: ``commit()``/``save()`` record the
 RNG state as of the last batch handed out plus the drawn-but-not-handed-out
