@@ -8,21 +8,29 @@ or in the caller's. So the RNG is consumed in exactly the order of repeated
 first affects batch ``i+p+1``. With no priority updates the batches equal
 repeated ``sample()``.
 
-Who copies. A drawn batch is a job that either the store's prefetch thread or
-the caller's thread runs, whichever claims it first, oldest first. The caller
-claims work only when it would otherwise wait: if the batch it must hand out
-is not ready, it copies the oldest batch nobody has started (often that very
-batch) instead of sleeping. The first version always handed the copy to the
-prefetch thread and waited for it: on warm data it ran at half the rate of a
-``sample()`` loop in issue 15's measurement, 0.73-0.85 in same-run A/B tests
-here (2 cores), because every batch paid thread hand-offs and wake-ups (tens
-of microseconds, milliseconds when other processes keep the cores busy) and
-the two threads' Python took turns on the GIL, while the copy itself, already
-split across the reader's threads, gained nothing from one more thread. Now a
-consumer slower than the copies (a learner) finds its batches ready, copied
-while it worked; a faster one copies them itself, as ``sample()`` would, while
-the prefetch thread works on the next, so two batches are in flight, which is
-what helps on cold data (their page reads overlap). ``prefetch=0`` never
+Who copies. A drawn batch is a job that the store's prefetch thread or the
+caller's thread runs, whichever claims it first, oldest first:
+
+- inside ``next()``, if the batch to hand out is not ready and nobody has
+  started it, the caller copies it itself, as ``sample()`` would: no hand-off;
+- the prefetch thread copies ahead while the caller is away from ``next()``
+  (a learner's step), so a learner slower than the copies finds its batches
+  ready. While the caller keeps coming back at once (a tight loop), the
+  thread stays out of the way: a second copy at the same time would compete
+  for the cores and the memory bus with the caller's own (measured: up to 30%
+  more CPU per batch at batch 512), and waking it for every batch costs more
+  than it saves. It checks every 0.5 ms, backing off to 20 ms;
+- on cold data (a copy read from the disk: major page faults or blocks read)
+  both copy at once, the caller helping with the next unstarted batch while it
+  waits: the page reads of two batches overlap.
+
+The first version always handed the copy to the prefetch thread and waited
+for it: on warm data it ran at half the rate of a ``sample()`` loop in issue
+15's measurement, 0.73-0.85 in same-run A/B tests here (2 cores), because
+every batch paid thread hand-offs and wake-ups (tens of microseconds,
+milliseconds when other processes keep the cores busy) and the threads'
+Python took turns on the GIL, while the copy itself, already split across the
+reader's threads, gained nothing from one more thread. ``prefetch=0`` never
 involves the prefetch thread.
 
 The store keeps track of live iterators: ``commit()``/``save()`` record the
@@ -33,6 +41,7 @@ chunk (``drain``).
 
 from __future__ import annotations
 
+import resource
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -63,18 +72,21 @@ _PENDING, _RUNNING, _DONE = 0, 1, 2
 class _Job:
     """A drawn batch on its way to being copied (guarded by its iterator's lock)."""
 
-    __slots__ = ("draw", "state", "batch", "error", "done")
+    __slots__ = ("draw", "state", "batch", "error")
 
     def __init__(self, draw: Draw) -> None:
         self.draw = draw
         self.state = _PENDING
         self.batch: Batch | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
 
 
 class BatchIterator(Iterator[Batch]):
     """Iterator returned by ``ReplayStore.batches``; infinite; ``close()`` (or the store's) ends it."""
+
+    COLD_READS = 4  # major page faults + blocks read from disk during one copy that make it "cold"
+    AWAY = 0.0005  # seconds out of __next__ after which a warm caller counts as busy elsewhere
+    AWAY_MAX = 0.02  # the longest pause between two looks at a caller that keeps coming back
 
     def __init__(self, draw: Callable[[], Draw], assemble: Callable[[Draw], Batch], executor: ThreadPoolExecutor,
                  prefetch: int, pending: list[Draw] | None = None) -> None:
@@ -84,6 +96,12 @@ class BatchIterator(Iterator[Batch]):
         self._prefetch = prefetch
         self._jobs: deque[_Job] = deque()
         self._lock = threading.Lock()
+        self._caller_left = threading.Condition(self._lock)  # the prefetch thread waits on it
+        self._copied = threading.Condition(self._lock)  # a job is done (the caller and drain wait on it)
+        self._in_next = False  # the caller is inside __next__ (copying or waiting)
+        self._entries = 0  # calls of __next__ so far
+        self._working = False  # a prefetch-thread task of this iterator is queued or running
+        self._cold = False  # the last copy read from the disk
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._add(d)
@@ -91,50 +109,96 @@ class BatchIterator(Iterator[Batch]):
     def _add(self, d: Draw) -> None:
         with self._lock:  # the prefetch thread walks the deque in _claim
             self._jobs.append(_Job(d))
-        if self._prefetch:  # with prefetch=0 the caller copies every batch itself: no hand-off
+            # one prefetch-thread task at a time, looping while there is work; with prefetch=0 the
+            # caller copies every batch itself: no task at all
+            start = self._prefetch > 0 and not self._working
+            self._working = self._working or start
+        if start:
             self._executor.submit(self._work)
 
     def _fill(self) -> None:
         while len(self._jobs) < self._prefetch + 1:
             self._add(self._draw())
 
-    def _claim(self) -> _Job | None:
-        """The oldest job nobody has started, now marked running (or None)."""
+    def _claim(self, oldest_only: bool = False) -> _Job | None:
+        """The oldest job nobody has started (with ``oldest_only``: the oldest job, if nobody has started
+        it), now marked running; or None."""
         with self._lock:
-            for job in self._jobs:
-                if job.state == _PENDING:
-                    job.state = _RUNNING
-                    return job
+            return self._claim_locked(oldest_only)
+
+    def _claim_locked(self, oldest_only: bool = False) -> _Job | None:
+        for job in self._jobs:
+            if job.state == _PENDING:
+                job.state = _RUNNING
+                return job
+            if oldest_only:
+                break
         return None
 
     def _run(self, job: _Job) -> None:
+        before = _reads()
         try:
             job.batch = self._assemble(job.draw)
         except BaseException as exc:  # handed to the caller with this batch
             job.error = exc
+        cold = _reads() - before >= self.COLD_READS
         with self._lock:
             job.state = _DONE
-        job.done.set()
+            self._copied.notify_all()
+            if cold != self._cold:
+                self._cold = cold
+                self._caller_left.notify_all()
 
     def _work(self) -> None:
-        """One executor task per drawn batch: copy the oldest unstarted one, if the caller has not."""
-        job = self._claim()
-        if job is not None:
+        """The prefetch thread's task: copy the oldest unstarted batches until none is left.
+
+        On warm data it first waits until the caller has stayed out of ``__next__`` for a while (a
+        learner's step): a caller in a tight loop copies its own batches, and a second copy at the same
+        time would only compete with it for the cores and the memory bus. It looks every ``AWAY``
+        seconds, backing off to ``AWAY_MAX`` while the caller keeps coming back, so a tight loop costs
+        it a few wake-ups per second rather than one per batch. On cold data it goes ahead at once:
+        the page reads of two batches overlap.
+        """
+        pause = self.AWAY
+        while True:
+            with self._lock:
+                seen = -1
+                while not (self._closed or self._cold):
+                    if not self._in_next and self._entries == seen:
+                        pause = self.AWAY
+                        break  # out of __next__ since the last look
+                    if seen != -1 or self._in_next:
+                        pause = min(2 * pause, self.AWAY_MAX)
+                    seen = -1 if self._in_next else self._entries
+                    self._caller_left.wait(pause)
+                job = self._claim_locked()
+                if job is None:
+                    self._working = False
+                    return
             self._run(job)
 
     def __next__(self) -> Batch:
         if self._closed:
             raise StopIteration
-        self._fill()  # batches i .. i+p are drawn when batch i is handed out
-        head = self._jobs[0]
-        while not head.done.is_set():
-            job = self._claim()  # rather than wait: copy the oldest batch nobody has started
-            if job is None:
-                head.done.wait()
-                break
-            self._run(job)
         with self._lock:
-            self._jobs.popleft()
+            self._in_next = True
+            self._entries += 1
+        try:
+            self._fill()  # batches i .. i+p are drawn when batch i is handed out
+            head = self._jobs[0]
+            while head.state != _DONE:
+                # rather than wait: copy the batch to hand out if nobody has started it, and on cold
+                # data (reads to overlap) the oldest batch nobody has started
+                job = self._claim(oldest_only=not self._cold)
+                if job is None:
+                    self._wait(head)
+                    break
+                self._run(job)
+            with self._lock:
+                self._jobs.popleft()
+        finally:
+            with self._lock:
+                self._in_next = False
         if head.error is not None:
             raise head.error
         assert head.batch is not None
@@ -152,17 +216,28 @@ class BatchIterator(Iterator[Batch]):
         with self._lock:
             jobs = list(self._jobs)
         for job in jobs:
-            job.done.wait()
+            self._wait(job)
+
+    def _wait(self, job: _Job) -> None:
+        with self._lock:
+            while job.state != _DONE:
+                self._copied.wait()
 
     def close(self) -> None:
         with self._lock:  # unstarted copies are dropped; running ones are waited for
+            self._closed = True
+            self._caller_left.notify_all()
             jobs = list(self._jobs)
             for job in jobs:
                 if job.state == _PENDING:
                     job.state = _DONE
-                    job.done.set()
         for job in jobs:
-            job.done.wait()
+            self._wait(job)
         with self._lock:
             self._jobs.clear()
-        self._closed = True
+
+
+def _reads() -> int:
+    """Major page faults and blocks read from storage by this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_majflt + r.ru_inblock

@@ -78,12 +78,14 @@ def test_prefetch_zero_never_hands_a_copy_to_the_prefetch_thread(executor):
     assert rec.threads == [threading.current_thread().name] * 10
 
 
-def test_a_stuck_prefetch_thread_does_not_stop_the_caller(executor):
+def test_on_cold_data_a_stuck_prefetch_thread_does_not_stop_the_caller(executor):
     """The prefetch thread is stuck in the oldest batch: while the caller waits for it, the caller copies
     every other drawn batch itself; once the thread moves on, nothing is copied twice."""
     rec = Recorder()
     rec.gate.clear()
     it = BatchIterator(rec.draw, rec.assemble, executor, 3)
+    it._cold = True  # as after a copy that read the disk (the stand-in copies read nothing)
+    it.COLD_READS = 0  # and stays so
     it._fill()
     time.sleep(0.05)  # the prefetch thread takes batch 0 and blocks
     done: list[int] = []
@@ -98,6 +100,25 @@ def test_a_stuck_prefetch_thread_does_not_stop_the_caller(executor):
     assert [int(next(it).index[0]) for _ in range(5)] == [3, 4, 5, 6, 7]
     it.drain()
     assert sorted(rec.copied) == list(range(11))
+    it.close()
+
+
+def test_on_warm_data_the_caller_copies_its_batches_and_the_prefetch_thread_works_while_it_is_away(executor):
+    """Warm (no disk reads): inside next() the caller copies the batch it hands out; the prefetch thread
+    copies ahead only while the caller is away (a learner's step), so a fast caller is not slowed by a
+    second copy competing with its own, and a slow one finds its batches ready."""
+    rec = Recorder()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2)
+    for _ in range(20):  # a tight loop: mostly the caller's own copies
+        next(it)
+    ours = sum(name == threading.current_thread().name for name in rec.threads)
+    assert ours >= 10
+    rec.copied.clear()
+    rec.threads.clear()
+    for _ in range(10):  # a learner step between batches: the prefetch thread has time to copy ahead
+        next(it)
+        time.sleep(0.02)
+    assert sum(name.startswith("prefetch") for name in rec.threads) >= 8
     it.close()
 
 

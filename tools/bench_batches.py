@@ -43,6 +43,7 @@ from mmreplay.native.reference import priority_update_numpy  # noqa: E402
 from mmreplay.sampling.numpy_sumtree import NumpySumTree  # noqa: E402
 from mmreplay.sampling.sumtree import SumTree  # noqa: E402
 
+LEARNER_STEP = 0.002  # seconds: a learner's step between batches, spent off the CPU (waiting for a GPU)
 FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
 
 
@@ -89,8 +90,8 @@ def check_same(a: mr.ReplayStore, b: mr.ReplayStore, batch: int, n: int = 5) -> 
 
 # ---- warm: sample() loop vs batches(prefetch=2), by batch size ---------------------------------------
 
-def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict[str, dict[int, dict[str, float]]]:
-    out: dict[str, dict[int, dict[str, float]]] = {}
+def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict[str, dict[Any, dict[str, float]]]:
+    out: dict[str, dict[Any, dict[str, float]]] = {}
     for label in ("numpy path", "kernels"):
         if label == "kernels":  # the prototype wiring hands out the numpy path's batches
             ref, wired = (mr.ReplayStore.open(path, mode="r", seed=7) for _ in range(2))
@@ -119,6 +120,16 @@ def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict
             out[label][b] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
                              "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)]),
                              "cpu_sample": statistics.median(c_s), "cpu_batches": statistics.median(c_b)}
+            if b == 32:  # a learner: each batch followed by a step that leaves the CPU (a GPU's, say)
+                it = s_iter.batches(b, prefetch=2)
+                r_s, r_b = [], []
+                for _ in range(max(3, rounds // 2)):
+                    r_s.append(rate(lambda b=b, s=s_sample: (s.sample(b), time.sleep(LEARNER_STEP)),  # type: ignore[misc]
+                                    seconds))
+                    r_b.append(rate(lambda it=it: (next(it), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
+                it.close()
+                out[label]["learner"] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
+                                         "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)])}
             log(f"  warm {label} B={b}: sample {out[label][b]['sample']:,.0f}/s, batches(2) "
                 f"{out[label][b]['batches']:,.0f}/s, ratio {out[label][b]['ratio']:.2f}")
         for s in stores:
@@ -429,16 +440,21 @@ def main() -> None:
 
 def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: list[float], minutes: float) -> str:
     rows = []
+    learner = []
     for label, by_size in warm_r.items():
         for b, r in by_size.items():
+            if b == "learner":
+                learner.append(f"{label}: sample() {r['sample']:,.0f}/s, batches(2) {r['batches']:,.0f}/s, "
+                               f"**{r['ratio']:.2f}**")
+                continue
             rows.append([label, f"{b}", f"{r['sample']:,.0f}", f"{r['sample'] * b:,.0f}", f"{r['cpu_sample']:,.0f}",
                          f"{r['batches']:,.0f}", f"{r['batches'] * b:,.0f}", f"{r['cpu_batches']:,.0f}",
                          f"**{r['ratio']:.2f}**"])
     c = cold["rates"]
     cold_rows = [["numpy path", f"{c['sample']:,.1f}", f"{c['batches']:,.1f}", f"**{cold['ratio']:.2f}**"],
                  ["kernels", f"{c['k_sample']:,.1f}", f"{c['k_batches']:,.1f}", f"**{cold['k_ratio']:.2f}**"]]
-    scale = {label: {b: r["sample"] * b / (by_size[32]["sample"] * 32) for b, r in by_size.items()}
-             for label, by_size in warm_r.items()}
+    scale = {label: {b: r["sample"] * b / (by_size[32]["sample"] * 32) for b, r in by_size.items()
+                     if b != "learner"} for label, by_size in warm_r.items()}
     return "\n".join([
         "## Batches: `batches(prefetch=2)` against a `sample()` loop; rows/s by batch size",
         "",
@@ -453,6 +469,9 @@ def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: li
         "",
         table(["path", "B", "sample() batches/s", "rows/s", "CPU us/batch", "batches(2) batches/s", "rows/s",
                "CPU us/batch", "batches(2) ÷ sample()"], rows),
+        "",
+        f"A learner loop (batch 32, then a {LEARNER_STEP * 1e3:g} ms step off the CPU, as a learner waiting for"
+        " its GPU), batches per second: " + "; ".join(learner) + ".",
         "",
         "Rows/s relative to batch 32 (sample() loop): " + "; ".join(
             f"{label}: " + ", ".join(f"B={b} {v:.2f}x" for b, v in s.items() if b != 32) for label, s in scale.items())
