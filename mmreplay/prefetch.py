@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import resource
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -99,7 +100,7 @@ class BatchIterator(Iterator[Batch]):
         self._caller_left = threading.Condition(self._lock)  # the prefetch thread waits on it
         self._copied = threading.Condition(self._lock)  # a job is done (the caller and drain wait on it)
         self._in_next = False  # the caller is inside __next__ (copying or waiting)
-        self._entries = 0  # calls of __next__ so far
+        self._left_at = time.monotonic()  # when the caller last left __next__
         self._working = False  # a prefetch-thread task of this iterator is queued or running
         self._cold = False  # the last copy read from the disk
         self._closed = False
@@ -152,25 +153,26 @@ class BatchIterator(Iterator[Batch]):
     def _work(self) -> None:
         """The prefetch thread's task: copy the oldest unstarted batches until none is left.
 
-        On warm data it first waits until the caller has stayed out of ``__next__`` for a while (a
-        learner's step): a caller in a tight loop copies its own batches, and a second copy at the same
-        time would only compete with it for the cores and the memory bus. It looks every ``AWAY``
-        seconds, backing off to ``AWAY_MAX`` while the caller keeps coming back, so a tight loop costs
-        it a few wake-ups per second rather than one per batch. On cold data it goes ahead at once:
-        the page reads of two batches overlap.
+        On warm data it first waits until the caller has stayed out of ``__next__`` for ``AWAY``
+        seconds (a learner's step): a caller in a tight loop copies its own batches, and a second copy
+        at the same time would only compete with it for the cores and the memory bus. While the caller
+        is inside ``__next__`` it looks again after a pause that doubles up to ``AWAY_MAX``, so a tight
+        loop costs it a few wake-ups per second rather than one per batch. On cold data it goes ahead
+        at once: the page reads of two batches overlap.
         """
         pause = self.AWAY
         while True:
             with self._lock:
-                seen = -1
                 while not (self._closed or self._cold):
-                    if not self._in_next and self._entries == seen:
-                        pause = self.AWAY
-                        break  # out of __next__ since the last look
-                    if seen != -1 or self._in_next:
+                    if self._in_next:
                         pause = min(2 * pause, self.AWAY_MAX)
-                    seen = -1 if self._in_next else self._entries
-                    self._caller_left.wait(pause)
+                        self._caller_left.wait(pause)
+                        continue
+                    away = time.monotonic() - self._left_at
+                    if away >= self.AWAY:
+                        pause = self.AWAY
+                        break  # out of __next__ for a while: a learner's step
+                    self._caller_left.wait(self.AWAY - away)
                 job = self._claim_locked()
                 if job is None:
                     self._working = False
@@ -182,7 +184,6 @@ class BatchIterator(Iterator[Batch]):
             raise StopIteration
         with self._lock:
             self._in_next = True
-            self._entries += 1
         try:
             self._fill()  # batches i .. i+p are drawn when batch i is handed out
             head = self._jobs[0]
@@ -199,6 +200,7 @@ class BatchIterator(Iterator[Batch]):
         finally:
             with self._lock:
                 self._in_next = False
+                self._left_at = time.monotonic()
         if head.error is not None:
             raise head.error
         assert head.batch is not None
