@@ -106,32 +106,35 @@ def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict
                 _wired.wire(s)
         s_sample, s_iter = stores
         out[label] = {}
-        for b in sizes:
-            it = s_iter.batches(b, prefetch=2)
-            r_s, r_b, c_s, c_b = [], [], [], []
-            for _ in range(rounds):
+        # the sizes alternate inside each round, so their rows/s come from the same minutes
+        iters = {b: s_iter.batches(b, prefetch=2) for b in sizes}
+        acc: dict[int, list[tuple[float, float, float, float]]] = {b: [] for b in sizes}
+        for _ in range(rounds):
+            for b in sizes:
                 x, cx = rate_cpu(lambda b=b, s=s_sample: s.sample(b), seconds)  # type: ignore[misc]
-                y, cy = rate_cpu(lambda it=it: next(it), seconds)  # type: ignore[misc]
-                r_s.append(x)
-                r_b.append(y)
-                c_s.append(cx)
-                c_b.append(cy)
-            it.close()
-            out[label][b] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
-                             "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)]),
-                             "cpu_sample": statistics.median(c_s), "cpu_batches": statistics.median(c_b)}
-            if b == 32:  # a learner: each batch followed by a step that leaves the CPU (a GPU's, say)
-                it = s_iter.batches(b, prefetch=2)
-                r_s, r_b = [], []
-                for _ in range(max(3, rounds // 2)):
-                    r_s.append(rate(lambda b=b, s=s_sample: (s.sample(b), time.sleep(LEARNER_STEP)),  # type: ignore[misc]
-                                    seconds))
-                    r_b.append(rate(lambda it=it: (next(it), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
-                it.close()
-                out[label]["learner"] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
-                                         "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)])}
+                y, cy = rate_cpu(lambda it=iters[b]: next(it), seconds)  # type: ignore[misc]
+                acc[b].append((x, y, cx, cy))
+        for b in sizes:
+            iters[b].close()
+            r = acc[b]
+            out[label][b] = {"sample": statistics.median(v[0] for v in r),
+                             "batches": statistics.median(v[1] for v in r),
+                             "ratio": statistics.median(v[1] / v[0] for v in r),
+                             "cpu_sample": statistics.median(v[2] for v in r),
+                             "cpu_batches": statistics.median(v[3] for v in r),
+                             # rows/s against batch 32's in the same round
+                             "scale": statistics.median(v[0] * b / (w[0] * 32) for v, w in zip(r, acc[32], strict=True))}
             log(f"  warm {label} B={b}: sample {out[label][b]['sample']:,.0f}/s, batches(2) "
                 f"{out[label][b]['batches']:,.0f}/s, ratio {out[label][b]['ratio']:.2f}")
+        # a learner: each batch followed by a step that leaves the CPU (a GPU's, say)
+        it = s_iter.batches(32, prefetch=2)
+        r_s, r_b = [], []
+        for _ in range(max(3, rounds // 2)):
+            r_s.append(rate(lambda s=s_sample: (s.sample(32), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
+            r_b.append(rate(lambda it=it: (next(it), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
+        it.close()
+        out[label]["learner"] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
+                                 "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)])}
         for s in stores:
             s.close()
     return out
@@ -453,8 +456,8 @@ def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: li
     c = cold["rates"]
     cold_rows = [["numpy path", f"{c['sample']:,.1f}", f"{c['batches']:,.1f}", f"**{cold['ratio']:.2f}**"],
                  ["kernels", f"{c['k_sample']:,.1f}", f"{c['k_batches']:,.1f}", f"**{cold['k_ratio']:.2f}**"]]
-    scale = {label: {b: r["sample"] * b / (by_size[32]["sample"] * 32) for b, r in by_size.items()
-                     if b != "learner"} for label, by_size in warm_r.items()}
+    scale = {label: {b: r["scale"] for b, r in by_size.items() if b != "learner"}
+             for label, by_size in warm_r.items()}
     return "\n".join([
         "## Batches: `batches(prefetch=2)` against a `sample()` loop; rows/s by batch size",
         "",
@@ -473,7 +476,8 @@ def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: li
         f"A learner loop (batch 32, then a {LEARNER_STEP * 1e3:g} ms step off the CPU, as a learner waiting for"
         " its GPU), batches per second: " + "; ".join(learner) + ".",
         "",
-        "Rows/s relative to batch 32 (sample() loop): " + "; ".join(
+        "Rows/s relative to batch 32 (sample() loop, sizes alternating within each round; median of the"
+        " per-round ratios): " + "; ".join(
             f"{label}: " + ", ".join(f"B={b} {v:.2f}x" for b, v in s.items() if b != 32) for label, s in scale.items())
         + ".",
         "",
