@@ -99,6 +99,7 @@ class BatchIterator(Iterator[Batch]):
         self._lock = threading.Lock()
         self._caller_left = threading.Condition(self._lock)  # the prefetch thread waits on it
         self._copied = threading.Condition(self._lock)  # a job is done (the caller and drain wait on it)
+        self._waiting = 0  # threads waiting on _copied
         self._in_next = False  # the caller is inside __next__ (copying or waiting)
         self._left_at = time.monotonic()  # when the caller last left __next__
         self._working = False  # a prefetch-thread task of this iterator is queued or running
@@ -145,7 +146,8 @@ class BatchIterator(Iterator[Batch]):
         cold = _reads() - before >= self.COLD_READS
         with self._lock:
             job.state = _DONE
-            self._copied.notify_all()
+            if self._waiting:
+                self._copied.notify_all()
             if cold != self._cold:
                 self._cold = cold
                 self._caller_left.notify_all()
@@ -222,8 +224,10 @@ class BatchIterator(Iterator[Batch]):
 
     def _wait(self, job: _Job) -> None:
         with self._lock:
+            self._waiting += 1
             while job.state != _DONE:
                 self._copied.wait()
+            self._waiting -= 1
 
     def close(self) -> None:
         with self._lock:  # unstarted copies are dropped; running ones are waited for
