@@ -21,6 +21,7 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized, RateLimit
+from .sampling.sumtree import SumTree
 from .sequence_batch import SequenceBatch, sequence_priority
 from .snapshot import prune_snapshots
 from .store import ReplayStore
@@ -50,6 +51,7 @@ __all__ = [
     "StoreIOError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "SumTree",
     "__version__",
     "export",
     "import_dataset",

@@ -19,6 +19,8 @@ import numpy as np
 from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .native import plan as native_plan
+from .native.priorities import priority_update
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 
@@ -53,6 +55,8 @@ class Index:
         self.stack = stack
         self.n_step = n_step
         self.math = RowMath(stack, n_step, pad, gamma)
+        self._plan_config = native_plan.config(geometry.num_envs, geometry.rows_per_stream, geometry.rows_alloc,
+                                               geometry.positions, stack, n_step, pad == "first", False, 0, 0)
         self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
         size = geometry.positions * geometry.rows_alloc
         self.flags = np.zeros(size, np.uint8)
@@ -244,6 +248,13 @@ class Index:
         ids = np.arange(self.oldest_id, self.next_id, dtype=np.int64)
         return ids[self.valid[self.slots_of(ids)]]
 
+    def priority_targets(self, ids: np.ndarray, priorities: np.ndarray
+                         ) -> tuple[int, int, np.ndarray, np.ndarray, int, float]:
+        """Check a priority update of ``ids`` (int64) to ``priorities`` (float64) and resolve it to slots in
+        one native pass (``native.priorities.priority_update``: its status codes, the distinct
+        sampleable slots with their last value, how many ids were skipped, the largest value)."""
+        return priority_update(ids, priorities, self.oldest_id, self.next_id, self.id2slot, self.valid)
+
     def check_ids(self, ids: np.ndarray) -> None:
         """Raise ``NotSampleableError`` naming the first id that is evicted, never issued or not sampleable."""
         ok = self.ids_valid(ids)
@@ -267,7 +278,20 @@ class Index:
 
     # -- reading ---------------------------------------------------------------------------------------
     def plan(self, slots: np.ndarray) -> Plan:
-        """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
+        """The row arithmetic of the batch of valid transition slots ``slots``: one native pass
+        (``native.plan.plan_batch``), equal array for array to ``plan.RowMath.plan`` (its oracle)."""
+        cfg = self._plan_config
+        cfg[native_plan.C_POSITIONS] = self.geo.positions
+        cfg[native_plan.C_HAS_MISSING] = int(self.has_missing)
+        cfg[native_plan.C_OLDEST_ROW] = self.oldest_row
+        cfg[native_plan.C_ROWS] = self.rows
+        stacks, pad, reward_slots, reward_weights, m, ends = native_plan.plan_batch(
+            slots, self.flags, self.epos, self.seq_of_pos, cfg, self.math.gammas)
+        return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
+                    ends[2], stacks, pad)
+
+    def plan_numpy(self, slots: np.ndarray) -> Plan:
+        """``plan`` through numpy (``plan.RowMath.plan``): the reference the native pass is checked against."""
         return self.math.plan(self.flags, self.epos, self.geo, slots, self.seq_of_pos, self.oldest_row,
                               self.rows, self.has_missing)
 

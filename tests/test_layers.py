@@ -9,7 +9,7 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic", "native", "numeric", "version", "spaces"},
+    {"errors", "options", "synthetic", "native", "version", "spaces"},
     {"storage"},
     {"layout", "plan", "sequences", "episodes", "index"},
     {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
