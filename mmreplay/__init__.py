@@ -13,13 +13,15 @@ from .errors import (
     MMReplayError,
     NotAStoreError,
     NotSampleableError,
+    RateLimitTimeout,
     ReadOnlyStoreError,
     StoreClosedError,
     StoreIOError,
     StoreLockedError,
     StoreNotFoundError,
 )
-from .options import Prioritized
+from .options import Prioritized, RateLimit
+from .sampling.sumtree import SumTree
 from .sequence_batch import SequenceBatch, sequence_priority
 from .snapshot import prune_snapshots
 from .store import ReplayStore
@@ -38,6 +40,8 @@ __all__ = [
     "NotAStoreError",
     "NotSampleableError",
     "Prioritized",
+    "RateLimit",
+    "RateLimitTimeout",
     "ReadOnlyStoreError",
     "ReplayStore",
     "SequenceBatch",
@@ -47,6 +51,7 @@ __all__ = [
     "StoreIOError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "SumTree",
     "__version__",
     "export",
     "import_dataset",

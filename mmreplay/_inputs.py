@@ -30,6 +30,21 @@ def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casti
     return arr
 
 
+def quantized(name: str, arr: np.ndarray, shape: tuple[int, ...], hint: str) -> np.ndarray:
+    """Floating frames in [0, 1] as uint8 ``round(x * 255)`` (computed in float64, halves to even as
+    Python's ``round``). Raises ``ValueError`` naming the first value outside [0, 1] or NaN."""
+    if arr.shape != shape:
+        raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")
+    ok = (arr >= 0) & (arr <= 1)  # NaN compares false
+    if not ok.all():
+        at = np.unravel_index(int(np.flatnonzero(~ok.ravel())[0]), arr.shape)
+        raise ValueError(f"{name}: quantize=True takes floating frames in [0, 1], got {arr[at]!r} at"
+                         f" {tuple(int(i) for i in at)}; scale the frames to [0, 1] (or pass uint8 frames)")
+    out = np.multiply(arr, 255.0, dtype=np.float64)
+    np.rint(out, out=out)
+    return out.astype(np.uint8)
+
+
 @dataclass
 class Block:
     """A validated ``extend()`` block of ``length`` steps (arrays with a leading time axis)."""
@@ -53,11 +68,19 @@ class Inputs:
         self.batched = schema.vector
         self.lead: tuple[int, ...] = (schema.num_envs,) if schema.vector else ()
         self.batch_hint = f" (num_envs={schema.num_envs} first)" if schema.vector else ""
+        self.quantize = schema.quantize
 
     def obs(self, value: Any, name: str = "next_obs") -> np.ndarray:
-        s = self.schema
-        return _array(name, value, self.lead + s.obs_shape, s.obs_dtype, "safe",
-                      f" (obs_shape{self.batch_hint})")
+        return self.frames(value, self.lead + self.schema.obs_shape, name, f" (obs_shape{self.batch_hint})")
+
+    def frames(self, value: Any, shape: tuple[int, ...], name: str, hint: str) -> np.ndarray:
+        """Frames of ``shape`` in the obs dtype (quantized first, for a ``quantize=True`` store given floats)."""
+        if self.quantize:
+            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if arr.dtype.kind == "f":
+                return quantized(name, arr, shape, hint)
+            value = arr
+        return _array(name, value, shape, self.schema.obs_dtype, "safe", hint)
 
     def action(self, value: Any) -> np.ndarray:
         s = self.schema
@@ -105,8 +128,7 @@ class Inputs:
 
     def one_obs(self, value: Any, name: str = "obs") -> np.ndarray:
         """One env's observation (no env axis), as ``reset(obs, env=i)`` takes it."""
-        s = self.schema
-        return _array(name, value, s.obs_shape, s.obs_dtype, "safe", " (obs_shape: one env's observation)")
+        return self.frames(value, self.schema.obs_shape, name, " (obs_shape: one env's observation)")
 
     def block(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any,
               extras: dict[str, Any], final_missing: bool) -> Block:
@@ -141,9 +163,9 @@ class Inputs:
         if final_missing and not (n and ends.size):
             raise ValueError("final_missing=True: the block's last step must end the episode (terminated or truncated)")
         n_frames = n - 1 if final_missing else n
-        frames = _array("next_obs", next_obs, (n_frames, *s.obs_shape), s.obs_dtype, "safe",
-                        f" (the block's {n_frames} next observations" + (", the final one missing)" if final_missing
-                                                                           else ")"))
+        frames = self.frames(next_obs, (n_frames, *s.obs_shape), "next_obs",
+                             f" (the block's {n_frames} next observations"
+                             + (", the final one missing)" if final_missing else ")"))
         xs = self.extras(extras, lead=(n,), hint=hint) if (extras or s.extras) else {}
         return Block(n, act, rew, frames, term, trunc, xs)
 

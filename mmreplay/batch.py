@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .native.plan import nstep_returns
 from .plan import Plan
 from .reader import FrameReader
 
@@ -52,11 +53,10 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         next_obs[plan.next_pad] = 0
     if plan.next_missing.any():
         next_obs[plan.next_missing] = 0
-    # n-step return: float64 terms summed strictly in increasing i (accumulate is sequential)
-    terms = arrays["reward"][plan.reward_slots] * plan.reward_weights
-    reward = np.add.accumulate(terms, axis=1)[:, -1].astype(np.float32)
-    discount = discounts[plan.window]
-    discount[plan.terminated] = 0
+    # n-step return: float64 terms summed strictly in increasing i, then float32 (native pass; its numpy
+    # reference is ``nstep_returns_numpy``)
+    reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
+                                     plan.window, plan.terminated)
     return Batch(
         obs=obs,
         action=arrays["action"][plan.slots],
@@ -69,3 +69,14 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         weight=np.ones(ids.size, np.float32) if weight is None else weight.astype(np.float32, copy=False),
         extras={name: arrays["x_" + name][plan.slots] for name in extra_names},
     )
+
+
+def nstep_returns_numpy(rewards: np.ndarray, plan: Plan, discounts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The n-step rewards and discounts of a planned batch in numpy: the float64 terms
+    ``reward * gamma**i`` summed strictly in increasing i (``accumulate`` is sequential), then float32;
+    the discount ``gamma**m``, 0 after a termination. The reference of the native pass."""
+    terms = rewards[plan.reward_slots] * plan.reward_weights
+    reward = np.add.accumulate(terms, axis=1)[:, -1].astype(np.float32)
+    discount = discounts[plan.window]
+    discount[plan.terminated] = 0
+    return reward, discount

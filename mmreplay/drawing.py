@@ -74,10 +74,12 @@ class Drawer:
                     length, strict, head)
 
     def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], index: Index,
-                 kind: tuple[int, int, bool], prefetch: int) -> BatchIterator[T]:
+                 kind: tuple[int, int, bool], prefetch: int,
+                 handout: Callable[[int], None] | None = None) -> BatchIterator[T]:
         """A prefetching iterator of draws of one ``kind`` (``Draw.kind``: batch size, sequence length or 0,
         strict). The first one after a resume first hands out the batches the committed run had drawn but
-        not handed out (if they are of this kind and still sampleable), then continues from there."""
+        not handed out (if they are of this kind and still sampleable), then continues from there.
+        ``handout(rows)`` runs before each batch is handed out (the rate limit)."""
         pending: list[Draw] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
@@ -93,7 +95,7 @@ class Drawer:
         self._resume_draws = []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        it = BatchIterator(draw, assemble, self._pool, prefetch, pending)
+        it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout)
         self._iterators.add(it)
         return it
 
@@ -114,8 +116,20 @@ class Drawer:
             "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}
         if pending[0].length:
             entry["sequences"] = {"length": pending[0].length, "strict": pending[0].strict,
-                                  "heads": [np.asarray(d.head).tolist() for d in pending]}
+                                  "heads": [_head_json(d.head) for d in pending]}
         return {"rng": pending[0].rng_before, "pending_draws": entry}
+
+    def discard_pending(self) -> None:
+        """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
+        and rewind the RNG to before the first of them: the batches handed out next are those repeated
+        ``sample()`` calls would give from here."""
+        self._resume_draws, self._resume_rng = [], {}
+        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        if not pending:
+            return
+        self.rng.bit_generator.state = pending[0].rng_before
+        for it in list(self._iterators):
+            it.discard()
 
     def drain(self) -> None:
         """Wait until no background copy is running (before chunks are unmapped)."""
@@ -134,12 +148,20 @@ class Drawer:
             self._pool = None
 
 
+def _head_json(head: Any) -> Any:
+    """A draw's head for the manifest: one count when every stream had written as many rows, else a list."""
+    h = np.asarray(head, np.int64).reshape(-1)
+    return int(h[0]) if (h == h[0]).all() else h.tolist()
+
+
 def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
     state = manifest.get("pending_draws")
     if not state:
         return [], {}
     weights = state["weights"] or [None] * len(state["ids"])
-    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), {}, i)
+    # the first one's RNG state before it is the committed "rng" (the state as of the last batch handed out)
+    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
+                  manifest["rng"] if i == 0 else {}, i)
              for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
     seq = state.get("sequences")
     if seq:

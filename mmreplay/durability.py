@@ -27,8 +27,10 @@ import numpy as np
 from . import snapshot
 from .drawing import Drawer
 from .errors import CorruptStoreError, ReadOnlyStoreError, StoreIOError
+from .index import Index
 from .log import ChunkLog
 from .options import Schema
+from .ratelimit import RateLimiter, initial_files
 from .sampling import Sampler
 from .statefiles import STATE_DIR, StateDir, checksums, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
@@ -45,6 +47,7 @@ class Parts:
     log: ChunkLog
     sampler: Sampler
     drawer: Drawer
+    limiter: RateLimiter | None = None
 
 
 def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bool) -> T:
@@ -75,6 +78,8 @@ class Durability:
         self.generation = int(manifest.get("generation", 0))
         self.committed_at = float(manifest.get("committed_at", 0.0))
         self.snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
+        self.validity: dict[str, Any] | None = manifest.get("validity")  # the committed validity record
+        self.rate_counts: dict[str, Any] | None = manifest.get("rate_limit")  # the committed rate-limit counts
         self.state_crcs: dict[str, int] = dict(manifest.get("state_crc32") or {})
 
     # -- failures --------------------------------------------------------------------------------------
@@ -102,8 +107,31 @@ class Durability:
                 "metadata": metadata, "snapshots": self.snapshots,
                 "priorities": parts.sampler.save_state(files, delta),
                 **parts.drawer.state(parts.log.index), **parts.log.manifest_body()}
+        validity = self.validity_entry(parts.log.index, files, in_place=delta)
+        if validity is not None:
+            body["validity"] = validity
+        if parts.limiter is not None and parts.limiter.writer:
+            body["rate_limit"] = parts.limiter.state()
+        elif self.rate_counts is not None:  # a reader's snapshot: the counts of the commit it holds
+            body["rate_limit"] = self.rate_counts
         body["state_crc32"] = checksums(body, self.state_crcs if delta else {}, files.written)
         return body
+
+    def validity_entry(self, index: Index, files: StateDir, in_place: bool) -> dict[str, Any] | None:
+        """The manifest's ``validity`` record (FORMAT.md): what ``clear()`` removed and the ranges of ids
+        ``invalidate()`` took out of sampling. A commit in place with no change since the last one keeps
+        the committed record and its file; otherwise the ranges are written afresh (O(retained ids))."""
+        if in_place and not index.validity_changed:
+            return self.validity
+        ranges = index.invalid_ranges()
+        if ranges.size == 0 and index.clear_id == 0:
+            return None
+        row = index.clear_row
+        # one count when every stream had written as many rows (what format 2 readers take), else a list
+        cleared_row = int(row[0]) if (row == row[0]).all() else row.tolist()
+        return {"cleared_below": int(index.clear_id), "cleared_row": cleared_row,
+                "invalid_ids": int((ranges[:, 1] - ranges[:, 0]).sum()),
+                "file": files.write("invalid", ranges) if ranges.size else None}
 
     def commit(self, parts: Parts, metadata: dict[str, Any]) -> None:
         """Make the parts' state the durable resume point, in place (O(open chunk + changes))."""
@@ -115,7 +143,9 @@ class Durability:
         except OSError as exc:
             raise self.fail(exc, "committing") from exc
         self.generation, self.committed_at = gen, body["committed_at"]
+        self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         self.state_crcs = body["state_crc32"]
+        parts.log.index.validity_changed = False
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))
@@ -193,6 +223,8 @@ def create_store(path: str, schema: Schema, seed: int, metadata: dict[str, Any])
     try:
         os.makedirs(os.path.join(path, "chunks"), exist_ok=True)
         os.makedirs(os.path.join(path, STATE_DIR), exist_ok=True)
+        if schema.rate_limit is not None:
+            initial_files(path)
         write_manifest(path, body)
     except BaseException:
         if existed:
@@ -220,3 +252,32 @@ def load_snapshot(snapshot_dir: str, path: str) -> None:
     """Restore a snapshot into a new (or empty) working directory ``path`` (links where possible)."""
     doc = snapshot.read_snapshot(snapshot_dir)
     snapshot.materialize(snapshot_dir, doc, path)
+
+
+def restore_validity(root: str, manifest: dict[str, Any], index: Index) -> None:
+    """Apply a commit's ``validity`` record to an index just rebuilt from the chunks (stores written before
+    the record existed have none: nothing was invalidated)."""
+    entry = manifest.get("validity")
+    if not entry:
+        return
+    ranges = np.empty((0, 2), np.int64)
+    try:
+        rel, clear_id = entry.get("file"), int(entry["cleared_below"])
+        raw = entry["cleared_row"]
+        clear_row: Any = [int(v) for v in raw] if isinstance(raw, list) else int(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"{root}/manifest.json: malformed validity record ({exc!r})") from None
+    if rel:
+        path = os.path.join(root, rel)
+        try:
+            ranges = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
+        except (ValueError, OSError, EOFError) as exc:
+            raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
+        if ranges.dtype != np.int64 or ranges.ndim != 2 or ranges.shape[1] != 2:
+            raise CorruptStoreError(f"{path}: holds {ranges.dtype}{list(ranges.shape)}, expected int64[k, 2]")
+        if (ranges[:, 0] >= ranges[:, 1]).any() or (ranges[1:, 0] < ranges[:-1, 1]).any() or (ranges < 0).any():
+            raise CorruptStoreError(f"{path}: the invalidated id ranges must be sorted, disjoint, non-empty"
+                                    " [lo, hi) pairs of ids >= 0; the file is damaged")
+    index.apply_validity(ranges, clear_id, clear_row)

@@ -19,6 +19,7 @@ __all__ = [
     "EpisodeStateError",
     "NotSampleableError",
     "StoreIOError",
+    "RateLimitTimeout",
 ]
 
 
@@ -64,3 +65,8 @@ class NotSampleableError(MMReplayError, ValueError):
 
 class StoreIOError(MMReplayError, OSError):
     """The disk refused a write or a sync (full disk, I/O error); the store is now read-only."""
+
+
+class RateLimitTimeout(MMReplayError, TimeoutError):
+    """A rate-limited ``sample()``/``step()`` was not allowed within ``RateLimit.timeout`` seconds, or
+    could only have been allowed by the very process that is waiting (the message says which, and what to do)."""

@@ -15,16 +15,20 @@ chunks retired; the writer tells it about the frames it writes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
-from .layout import DISK_FLAGS, END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .native import plan as native_plan
+from .native.priorities import priority_update
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 
 __all__ = ["Index", "Geometry", "Plan", "START", "TERMINATED", "TRUNCATED", "MISSING", "HEAD_LOST", "END",
-           "LOST", "DISK_FLAGS"]
+           "LOST", "INVALID", "DISK_FLAGS"]
 
 _EMPTY = np.empty(0, np.int64)
 _EMPTY.flags.writeable = False
@@ -54,6 +58,8 @@ class Index:
         self.stack = stack
         self.n_step = n_step
         self.math = RowMath(stack, n_step, pad, gamma)
+        self._plan_config = native_plan.config(geometry.num_envs, geometry.rows_per_stream, geometry.rows_alloc,
+                                               geometry.positions, stack, n_step, pad == "first", False, 0, 0)
         self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
         size = geometry.positions * geometry.rows_alloc
         n_env = geometry.num_envs
@@ -74,6 +80,12 @@ class Index:
         # Per stream, the state of its last frame once that frame was retired (ended, epos, lost):
         # a stream idle for a whole capacity must still continue its episode correctly.
         self._tail = np.zeros((n_env, 3), np.int64)
+        # invalidate()/clear(): invalidated transitions carry the INVALID bit, so no later decision
+        # (sync, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
+        # moves the start of what is listed (episodes, transition tables) to the row it happened at.
+        self.clear_id = 0  # ids below were removed by clear()
+        self.clear_row = np.zeros(n_env, np.int64)  # per stream: rows at the time of that clear()
+        self.validity_changed = False  # invalidated or cleared since the last commit recorded it
         self._fits: _Fits | None = None  # fitting_starts() of the last length asked
 
     @property
@@ -294,6 +306,13 @@ class Index:
         ids = np.arange(self.oldest_id, self.next_id, dtype=np.int64)
         return ids[self.valid[self.slots_of(ids)]]
 
+    def priority_targets(self, ids: np.ndarray, priorities: np.ndarray
+                         ) -> tuple[int, int, np.ndarray, np.ndarray, int, float]:
+        """Check a priority update of ``ids`` (int64) to ``priorities`` (float64) and resolve it to slots in
+        one native pass (``native.priorities.priority_update``: its status codes, the distinct
+        sampleable slots with their last value, how many ids were skipped, the largest value)."""
+        return priority_update(ids, priorities, self.oldest_id, self.next_id, self.id2slot, self.valid)
+
     def check_ids(self, ids: np.ndarray) -> None:
         """Raise ``NotSampleableError`` naming the first id that is evicted, never issued or not sampleable."""
         ok = self.ids_valid(ids)
@@ -307,13 +326,36 @@ class Index:
             why = f"was evicted (oldest retained id is {self.oldest_id})"
         elif i >= self.next_id:
             why = f"was never issued (next id is {self.next_id})"
+        elif i < self.clear_id:
+            why = f"was removed by clear() (ids below {self.clear_id})"
+        elif self.flags[self.slots_of(np.array([i]))[0]] & INVALID:
+            why = "was invalidated (invalidate())"
         else:
             why = "is not sampleable (its n-step window is still open, or its stack history was evicted)"
         raise NotSampleableError(f"index[{bad}] = {i} {why}")
 
     # -- reading ---------------------------------------------------------------------------------------
     def plan(self, slots: np.ndarray) -> Plan:
-        """The row arithmetic of the batch of valid transition slots ``slots`` (see ``plan.RowMath.plan``)."""
+        """The row arithmetic of the batch of valid transition slots ``slots``: one native pass
+        (``native.plan.plan_batch``, equal array for array to ``plan.RowMath.plan``, its oracle) while the
+        streams are in lockstep and laid out as format 1 lays them out (rows in chunk ``row // R``); the
+        numpy plan otherwise (streams written apart: rows mapped through the geometry)."""
+        geo = self.geo
+        rows, oldest = self.rows, self.oldest_row
+        if not (geo.lockstep and (rows == rows[0]).all() and (oldest == oldest[0]).all()):
+            return self.plan_numpy(slots)
+        cfg = self._plan_config
+        cfg[native_plan.C_POSITIONS] = geo.positions
+        cfg[native_plan.C_HAS_MISSING] = int(self.has_missing)
+        cfg[native_plan.C_OLDEST_ROW] = int(oldest[0])
+        cfg[native_plan.C_ROWS] = int(rows[0])
+        stacks, pad, reward_slots, reward_weights, m, ends = native_plan.plan_batch(
+            slots, self.flags, self.epos, self.seq_of_pos, cfg, self.math.gammas)
+        return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
+                    ends[2], stacks, pad)
+
+    def plan_numpy(self, slots: np.ndarray) -> Plan:
+        """``plan`` through numpy (``plan.RowMath.plan``): any layout, and the reference of the native pass."""
         return self.math.plan(self.flags, self.epos, self.geo, slots, self.oldest_row, self.rows, self.has_missing)
 
     def sequence_plan(self, slots: np.ndarray, length: int, head: np.ndarray | None = None) -> SequencePlan:
@@ -391,9 +433,97 @@ class Index:
         return self.geo.slots(stream, rows)
 
     def episodes(self, rewards: np.ndarray) -> EpisodeTable:
-        """The table of episodes with a retained frame (``rewards``: the ring's reward column)."""
+        """The table of episodes with a retained frame (``rewards``: the ring's reward column).
+
+        After ``clear()`` it starts at the row the clear happened at (an episode that ran across it lost
+        its head, so it is not complete), or one row earlier for a stream whose episode had just been reset.
+        """
         return episode_table(self.flags, rewards, self.slot_id, self.geo.slots, self.geo.num_envs,
-                             self.oldest_row, self.rows)
+                             self.listed_rows(), self.rows)
+
+    def listed_rows(self) -> np.ndarray:
+        """Per stream, the first row whose frames are listed (episodes, tables): the oldest retained row,
+        or after ``clear()`` the row it happened at (one earlier where that row starts an episode)."""
+        lo = self.oldest_row.copy()
+        after = np.flatnonzero(self.clear_row > self.oldest_row)
+        if after.size:
+            prev = self.flags[self.geo.slots(after, self.clear_row[after] - 1)]
+            lo[after] = self.clear_row[after] - ((prev & START) != 0)
+        return lo
+
+    def transition_rows(self) -> dict[str, np.ndarray]:
+        """Every retained transition not removed by ``clear()``, in id order: ``id``, ``slot``, ``stream``,
+        ``row`` (of its next frame), ``epos`` (that frame's episode position), ``flags`` (RAM bits),
+        ``valid``."""
+        lo, hi = max(self.oldest_id, self.clear_id), self.next_id
+        if hi <= lo:
+            slots = np.empty(0, np.int64)
+        else:
+            slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
+        stream, row = self.geo.rows_of(slots)
+        return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
+                "epos": self.epos[slots].astype(np.int64), "flags": self.flags[slots], "valid": self.valid[slots]}
+
+    # -- invalidation ----------------------------------------------------------------------------------
+    def invalidate(self, ids: np.ndarray) -> tuple[int, np.ndarray]:
+        """Make transitions ``ids`` never sampleable again (evicted ids are skipped).
+
+        Returns how many retained ids were newly invalidated and the slots that stopped being sampleable
+        (for per-slot structures). Raises ``NotSampleableError`` naming the first id never issued; nothing
+        changes then.
+        """
+        never = (ids < 0) | (ids >= self.next_id)
+        if never.any():
+            i = int(np.flatnonzero(never)[0])
+            raise NotSampleableError(f"index[{i}] = {int(ids[i])} was never issued (next id is {self.next_id})")
+        slots = np.unique(self.slots_of(ids[ids >= self.oldest_id]))
+        fresh = slots[(self.flags[slots] & INVALID) == 0]
+        return int(fresh.size), self._mark_invalid(fresh)
+
+    def clear(self) -> np.ndarray:
+        """Remove every transition written so far from sampling and listing (ids keep counting up).
+
+        Returns the slots that stopped being sampleable.
+        """
+        dropped = self._mark_invalid(np.asarray(self.slots_of_range(self.oldest_id, self.next_id), np.int64))
+        self.clear_id, self.clear_row = self.next_id, self.rows.copy()
+        return dropped
+
+    def _mark_invalid(self, slots: np.ndarray) -> np.ndarray:
+        if slots.size == 0:
+            return slots
+        self.flags[slots] |= INVALID
+        was = slots[self.valid[slots]]
+        self.valid[was] = False
+        self.n_valid -= int(was.size)
+        self.validity_changed = True
+        return was
+
+    def invalid_ranges(self) -> np.ndarray:
+        """The invalidated ids at or after the oldest retained one (and the last clear), as sorted
+        disjoint ``[lo, hi)`` ranges: int64 ``(k, 2)``."""
+        lo, hi = max(self.oldest_id, self.clear_id), self.next_id
+        if hi <= lo:
+            return np.empty((0, 2), np.int64)
+        bad = (self.flags[self.slots_of_range(lo, hi)] & INVALID) != 0
+        edges = np.diff(bad.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], axis=1).astype(np.int64) + lo
+
+    def apply_validity(self, ranges: np.ndarray, clear_id: int, clear_row: Any) -> None:
+        """Restore a durable validity record after ``rebuild`` (ids of ``ranges`` and below ``clear_id``
+        invalid; ``clear_row``: the rows each stream had written at that clear, or one count for all)."""
+        self.clear_id = int(clear_id)
+        self.clear_row = np.broadcast_to(np.asarray(clear_row, np.int64), self.rows.shape).copy()
+        lo, hi = self.oldest_id, self.next_id
+        a = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 0], lo, hi)
+        b = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 1], lo, hi)
+        a, b = np.append(a, lo), np.append(b, min(max(self.clear_id, lo), hi))
+        n = np.maximum(b - a, 0)
+        if n.sum():
+            starts = np.repeat(a - np.concatenate(([0], np.cumsum(n)[:-1])), n)
+            ids = starts + np.arange(int(n.sum()), dtype=np.int64)
+            self._mark_invalid(np.unique(self.slots_of(ids)))
+        self.validity_changed = False
 
     # -- validity --------------------------------------------------------------------------------------
     BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
@@ -441,7 +571,7 @@ class Index:
         m = np.where(has_end, ends.argmax(axis=1) + 1, n)
         last_f = self.flags[wslots[np.arange(rho.size), m - 1]]
         boot_ok = ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
-        ok = ((f & START) == 0) & boot_ok & self._stack_ok(stream, rho, slots, f)
+        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(stream, rho, slots, f)
         new = slots[ok]
         self.valid[new] = True
         self.n_valid += int(new.size)

@@ -47,6 +47,7 @@ DISK_FLAGS = START | TERMINATED | TRUNCATED | MISSING | HEAD_LOST
 # Bits that exist only in RAM.
 END = 32  # the frame is the last one of its episode
 LOST = 64  # the frame's episode has HEAD_LOST
+INVALID = 128  # the transition ending here was invalidated (invalidate() or clear()): never sampleable again
 
 _KEY = np.int64(1) << 40  # stream stride of the search keys (more rows than any stream can write)
 
@@ -107,6 +108,11 @@ class Geometry:
     def size(self) -> int:
         """Slots in the ring."""
         return self.positions * self.rows_alloc
+
+    @property
+    def lockstep(self) -> bool:
+        """Laid out as format 1: row r of stream s in chunk ``r // R`` at offset ``s * R + r % R``."""
+        return self._base is not None and not self._base.any()
 
     @property
     def aligned(self) -> bool:

@@ -283,7 +283,10 @@ class ChunkLog:
         fill = self.fill.tolist()
         ended, epos, lost = self.index.stream_state()
         geo = self.index.geo
-        return {"rows": self.rows.tolist(), "next_id": self.next_id,
+        rows = self.rows
+        # one count while the streams are in format 1's layout (what format 1 and 2 readers take), else a list
+        listed: Any = int(rows[0]) if geo.lockstep and (rows == rows[0]).all() else rows.tolist()
+        return {"rows": listed, "next_id": self.next_id,
                 "chunks": [c.to_json(None if c.sealed else fill, geo.extents_of(c.seq)) for c in self.chunks],
                 "ring_positions": self.ring.positions,
                 "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}

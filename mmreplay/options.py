@@ -1,7 +1,7 @@
 """Validated, frozen option objects that round-trip through the manifest.
 
-``Prioritized`` is public; ``Schema`` is what ``ReplayStore.create`` builds from
-its keyword arguments and what every later ``open()`` reads back.
+``Prioritized`` and ``RateLimit`` are public; ``Schema`` is what ``ReplayStore.create``
+builds from its keyword arguments and what every later ``open()`` reads back.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Prioritized", "Schema", "ExtraSpec"]
+__all__ = ["Prioritized", "RateLimit", "Schema", "ExtraSpec"]
 
 PAGE_ROWS = 4096  # a chunk's stride in the ring is a multiple of this many rows (see FORMAT.md)
 MAX_MAPPED_FILES = 30_000  # chunk files mapped at once: half of Linux's default vm.max_map_count
@@ -64,6 +64,55 @@ class Prioritized:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Prioritized:
         return cls(alpha=d["alpha"], beta=d["beta"], eps=d["eps"])
+
+
+@dataclass(frozen=True)
+class RateLimit:
+    """Samples per insert (Reverb's ``SampleToInsertRatio``), held across every process of a store.
+
+    Counts: ``inserted`` = transitions stored by ``step()``, ``sampled`` = rows handed out by
+    ``sample()``/``batches()`` (a sequence counts its start). ``sample(B)`` may proceed when
+    ``len(store) >= min_size`` and ``sampled + B <= samples_per_insert * inserted + error_buffer``;
+    ``step()`` adding n transitions when ``samples_per_insert * (inserted + n) <= sampled + error_buffer
+    + samples_per_insert * min_size``. A call that may not proceed waits up to ``timeout`` seconds
+    (``None``: forever), then raises ``mr.RateLimitTimeout``.
+    """
+
+    samples_per_insert: float
+    min_size: int
+    error_buffer: float
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        spi = _check_real("RateLimit.samples_per_insert", self.samples_per_insert, 0.0, 1e12, lo_open=True)
+        object.__setattr__(self, "samples_per_insert", spi)
+        object.__setattr__(self, "min_size", _int("RateLimit.min_size", self.min_size, 1))
+        object.__setattr__(self, "error_buffer", _check_real("RateLimit.error_buffer", self.error_buffer, 0.0, 1e18))
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", _check_real("RateLimit.timeout", self.timeout, 0.0, 1e9))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"samples_per_insert": self.samples_per_insert, "min_size": self.min_size,
+                "error_buffer": self.error_buffer, "timeout": self.timeout}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RateLimit:
+        return cls(samples_per_insert=d["samples_per_insert"], min_size=d["min_size"],
+                   error_buffer=d["error_buffer"], timeout=d["timeout"])
+
+    def check_schema(self, capacity: int, n_step: int, num_envs: int) -> None:
+        """Refuse limits a store could never meet (a writer and its readers would wait on each other)."""
+        if self.min_size > capacity:
+            raise ValueError(f"rate_limit: min_size={self.min_size:,} is more than capacity={capacity:,}, so sampling"
+                             f" could never start; use min_size <= {capacity:,}")
+        # Transitions near the write head wait for their n-step window: for len(store) to reach min_size the
+        # writer must be allowed n_step * num_envs transitions past it before anything is sampled.
+        need = self.samples_per_insert * n_step * num_envs
+        if self.error_buffer < need:
+            raise ValueError(
+                f"rate_limit: error_buffer={self.error_buffer:g} is too small for n_step={n_step}, num_envs={num_envs}:"
+                f" the writer must be able to run n_step * num_envs transitions past min_size before the first"
+                f" sample (their n-step windows close later); use error_buffer >= {need:g}")
 
 
 @dataclass(frozen=True)
@@ -125,6 +174,8 @@ class Schema:
     pad: str = "zeros"
     chunk_size: int = 0
     prioritized: Prioritized | None = None
+    rate_limit: RateLimit | None = None
+    quantize: bool = False
     id_column: bool = False  # chunks record each row's transition id (stores with several env streams)
 
     @classmethod
@@ -144,6 +195,8 @@ class Schema:
         pad: Any = "zeros",
         chunk_size: Any = None,
         prioritized: Any = None,
+        rate_limit: Any = None,
+        quantize: Any = False,
         id_column: Any = None,
         stored: bool = False,
     ) -> Schema:
@@ -206,12 +259,23 @@ class Schema:
                 f" mapping (at most {MAX_MAPPED_FILES:,} are allowed); use chunk_size >= {least} or the default")
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"prioritized must be mr.Prioritized(...) or None, got {prioritized!r}")
+        if rate_limit is not None:
+            if not isinstance(rate_limit, RateLimit):
+                raise TypeError(f"rate_limit must be mr.RateLimit(samples_per_insert, min_size, error_buffer) or None,"
+                                f" got {rate_limit!r}")
+            rate_limit.check_schema(capacity, n_step, num_envs)
+        if not isinstance(quantize, (bool, np.bool_)):
+            raise TypeError(f"quantize must be True or False, got {quantize!r}")
+        if quantize and obs_dtype != np.uint8:
+            raise ValueError(f"quantize=True stores frames in [0, 1] as uint8 (round(x * 255)): it needs"
+                             f" obs_dtype='uint8', got obs_dtype={obs_dtype}; drop quantize or use uint8")
         if id_column is None:
             id_column = num_envs > 1  # new stores: streams may be written apart, so ids are recorded
         elif not isinstance(id_column, bool):
             raise TypeError(f"id_column must be a bool, got {id_column!r}")
         schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
-                     tuple(specs), num_envs, vector, pad, chunk_size, prioritized, id_column)
+                     tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize),
+                     id_column)
         validate_ring(schema, planned_positions(schema))
         return schema
 
@@ -245,6 +309,8 @@ class Schema:
             "pad": self.pad,
             "chunk_size": self.chunk_size,
             "prioritized": None if self.prioritized is None else self.prioritized.to_json(),
+            "rate_limit": None if self.rate_limit is None else self.rate_limit.to_json(),
+            "quantize": self.quantize,
             "id_column": self.id_column,
         }
 
@@ -257,7 +323,9 @@ class Schema:
             extras={k: (tuple(v[0]), v[1]) for k, v in d["extras"].items()},
             num_envs=d["num_envs"], vector=d["vector"], pad=d["pad"], chunk_size=d["chunk_size"],
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
-            id_column=bool(d.get("id_column", False)),  # absent in format 1: streams in lockstep, no id column
+            rate_limit=None if d.get("rate_limit") is None else RateLimit.from_json(d["rate_limit"]),
+            quantize=d.get("quantize", False),
+            id_column=d.get("id_column", False),  # absent in formats 1 and 2: streams in lockstep, no id column
             stored=True,
         )
 

@@ -15,7 +15,11 @@ from .layout import END, MISSING, TERMINATED, Geometry
 
 @dataclass
 class Plan:
-    """Row arithmetic of a batch: ring slots to gather and masks to apply (all numpy, shape B first)."""
+    """Row arithmetic of a batch: ring slots to gather and masks to apply (all numpy, shape B first).
+
+    ``stacks``/``pad`` hold both stacks, (2, B, k): ``[0]`` is ``obs_slots``/``obs_pad``, ``[1]``
+    ``next_slots``/``next_pad`` (what a copy kernel takes in one piece).
+    """
 
     slots: np.ndarray  # (B,) the transitions' own slots (action, extras, id)
     obs_slots: np.ndarray  # (B, k)
@@ -28,6 +32,8 @@ class Plan:
     terminated: np.ndarray  # (B,) bool
     truncated: np.ndarray  # (B,) bool
     next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros
+    stacks: np.ndarray | None = None  # (2, B, k) int64: obs_slots and next_slots
+    pad: np.ndarray | None = None  # (2, B, k) bool: obs_pad and next_pad
 
 
 class RowMath:
@@ -43,7 +49,7 @@ class RowMath:
         self._span = np.arange(-stack, n_step, dtype=np.int64)
         self._last_col = self._ar_n == n_step - 1
         # gamma**i for i < n: a window of length m weighs its rewards by the first m of them (O(n), not O(n^2))
-        self._gammas = np.array([gamma ** i for i in range(n_step)], np.float64)
+        self.gammas = np.array([gamma ** i for i in range(n_step)], np.float64)
 
     def stack_slots(self, geo: Geometry, s: np.ndarray, last: np.ndarray,
                     epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,6 +111,6 @@ class RowMath:
             next_slots = np.where(next_pad, first, next_slots)
             obs_pad = next_pad = np.zeros_like(obs_pad)
         missing = terminated & ((last_f & MISSING) != 0) if has_missing else np.zeros_like(terminated)
-        weights = np.where(self._ar_n < m[:, None], self._gammas, 0.0)
+        weights = np.where(self._ar_n < m[:, None], self.gammas, 0.0)
         return Plan(slots, obs_slots, obs_pad, next_slots, next_pad, wslots, weights, m, terminated,
-                    has_end & ~terminated, missing)
+                    has_end & ~terminated, missing, np.stack([obs_slots, next_slots]), np.stack([obs_pad, next_pad]))

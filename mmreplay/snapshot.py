@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
-from .statefiles import priority_files
+from .statefiles import referenced_files
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_file, chunk_of_file
 from .storage.validate import check_dirs, check_files
@@ -140,7 +140,7 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
             if chunk_of_file(filename) in wanted:
                 link_or_copy(os.path.join(snapshot_dir, "chunks", filename), os.path.join(tmp, "chunks", filename))
         fsync_dir(os.path.join(tmp, "chunks"))
-        for rel in priority_files(doc.get("priorities")):
+        for rel in referenced_files(doc):
             link_or_copy(os.path.join(snapshot_dir, rel), os.path.join(tmp, rel))
         from .storage.manifest import write_manifest
 

@@ -58,7 +58,8 @@ def priority_files(entry: dict[str, Any] | None) -> list[str]:
 
 def referenced_files(doc: dict[str, Any]) -> list[str]:
     """Every state file a manifest body refers to (relative paths)."""
-    return priority_files(doc.get("priorities"))
+    validity = doc.get("validity") or {}
+    return priority_files(doc.get("priorities")) + ([validity["file"]] if validity.get("file") else [])
 
 
 def checksums(doc: dict[str, Any], earlier: dict[str, int], written: dict[str, int]) -> dict[str, int]:

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import numpy as np
 
 from . import _inputs
 from .batch import Batch, assemble
 from .drawing import Drawer
-from .durability import Durability, Parts, create_store, json_dict, load_snapshot, read_consistent
+from .durability import (
+    Durability,
+    Parts,
+    create_store,
+    json_dict,
+    load_snapshot,
+    read_consistent,
+    restore_validity,
+)
 from .episodes import EpisodeSteps, EpisodeTable, episode_frames, episode_steps
 from .errors import (
     NotAStoreError,
@@ -29,14 +37,16 @@ from .errors import (
     StoreClosedError,
 )
 from .log import ChunkLog
-from .options import Prioritized, Schema
+from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
 from .prefetch import BatchIterator, Draw
+from .ratelimit import RateLimiter
 from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import SequenceBatch, assemble_sequences
 from .sequences import SequencePlan
+from .snapshot import SNAPSHOT_KEY
 from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
@@ -44,6 +54,7 @@ from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
+T = TypeVar("T")
 
 
 class _RingEvents:
@@ -77,6 +88,7 @@ class _Held:
         self.log: ChunkLog | None = None
         self.reader: FrameReader | None = None
         self.drawer: Drawer | None = None
+        self.limiter: RateLimiter | None = None
         self.lock_fd: int | None = None
 
     def release(self) -> None:
@@ -87,10 +99,12 @@ class _Held:
                 self.reader.close()
             if self.log is not None:
                 self.log.close()
+            if self.limiter is not None:
+                self.limiter.close()
         finally:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
-            self.log = self.reader = self.drawer = None
+            self.log = self.reader = self.drawer = self.limiter = None
             self.lock_fd = None
 
 
@@ -126,11 +140,14 @@ class ReplayStore:
         self._release = weakref.finalize(self, self._held.release)
         self._writer: EpisodeWriter | None = None
         try:
+            self._limiter = self._held.limiter = self._make_limiter(manifest)
             self._attach(manifest)
         except BaseException:
             self._held.lock_fd = None  # open() closes it
             self._release()
             raise
+        if self._limiter is not None and mode == "r+":
+            self._limiter.publish_size(self._parts.log.index.n_valid)
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
@@ -140,13 +157,14 @@ class ReplayStore:
         schema = self._schema
         log = ChunkLog.from_manifest(self._path, schema, manifest, self._mode == "r+", self._events)
         try:
+            restore_validity(self._path, manifest, log.index)  # invalidate()/clear() of the commit
             sampler = make_sampler(schema, log.index)
             sampler.restore(StateDir(self._path, int(manifest.get("generation", 0))), manifest.get("priorities"),
-                            log.initial_valid)
+                            log.initial_valid[log.index.valid_at(log.initial_valid)])
         except BaseException:
             log.close()
             raise
-        self._parts = Parts(log, sampler, self._drawer)
+        self._parts = Parts(log, sampler, self._drawer, self._limiter)
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
@@ -161,19 +179,23 @@ class ReplayStore:
                action_dtype: Any = "int64", extras: dict[str, Any] | None = None, num_envs: int = 1,
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
-               read_threads: int | None = None, metadata: dict[str, Any] | None = None) -> ReplayStore:
+               read_threads: int | None = None, metadata: dict[str, Any] | None = None,
+               rate_limit: RateLimit | None = None, quantize: bool = False) -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
         frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
         any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
+        ``rate_limit=mr.RateLimit(...)`` holds the ratio of sampled rows to stored transitions across every
+        process of the store (see ``RateLimit``). ``quantize=True`` (uint8 frames) lets ``reset``/``step``
+        take floating frames in [0, 1], stored as ``round(x * 255)``.
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
                               n_step=n_step, gamma=gamma, action_shape=action_shape, action_dtype=action_dtype,
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
-                              prioritized=prioritized)
+                              prioritized=prioritized, rate_limit=rate_limit, quantize=quantize)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
@@ -289,7 +311,8 @@ class ReplayStore:
         ``rows`` (frame rows written by each stream, a list), ``holes`` (slots of the retained sealed chunks
         left empty because their env streams advanced apart), ``rng`` (the sampling RNG's state now), and for
         prioritized stores ``priority_total`` (the sum tree's total mass), ``priority_slots``
-        (slots carrying mass: the sampleable transitions when consistent), ``priority_state``
+        (slots carrying mass: the sampleable transitions when consistent), ``rate_limit`` (rate-limited
+        stores: ``inserted``, ``sampled``, ``size`` and ``writer_pid`` read together), ``priority_state``
         (the last commit's priorities entry) and, given sampleable ``ids``, ``priority_masses``
         (their masses in the tree).
         """
@@ -298,6 +321,8 @@ class ReplayStore:
         log, sampler = self._parts.log, self._parts.sampler
         out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks), "rows": log.rows.tolist(), "holes": log.holes(),
                                "rng": self._drawer.rng.bit_generator.state}
+        if self._limiter is not None:
+            out["rate_limit"] = self._limiter.counts()
         if isinstance(sampler, PrioritizedSampler):
             out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
                        priority_state=read_manifest(self._path).get("priorities"))
@@ -332,16 +357,21 @@ class ReplayStore:
         with the same ids (contiguous, in write order) and rows, written in bulk. The stream needs an open
         episode (``reset(obs)``, or ``reset(obs, env=i)`` in a vector store); an episode end may only be
         the block's last step: it closes the episode, and the stream's next call must be a reset. Streams
-        may be written in any order. ``final_missing=True`` (importers; the block must end its episode):
+        may be written in any order; a rate-limited store counts a block as its ``L`` insertions (and
+        waits, as ``L`` steps would). ``final_missing=True`` (importers; the block must end its episode):
         the final observation is not available, so ``next_obs`` holds the other ``L - 1`` frames; it reads
         as zeros and nothing bootstraps from it. A block that breaks a rule raises (``ValueError``,
         ``TypeError``, ``EpisodeStateError``) and appends nothing. Returns the id of the first transition.
         """
         writer = self._check_writable()
+        s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
+        self._limit_insert(blk.length)  # a rate-limited store waits as for blk.length steps
         try:
-            return writer.extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
+            first = writer.write_extend(s, blk, bool(final_missing))
         except OSError as exc:
             raise self._durable.fail(exc, "writing a block of steps") from exc
+        self._count_insert(blk.length)
+        return first
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              **extras: Any) -> None:
@@ -356,10 +386,17 @@ class ReplayStore:
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
         writer = self._check_writable()
+        lim = self._limiter
+        if lim is not None:  # the rate limit (_limit_insert and _count_insert, inlined: the hot path)
+            n = writer.stored_by_next_step() if self._schema.vector else 1
+            if not lim.fits(n) and writer.stored_by_next_step():  # (no wait for a step that will raise)
+                lim.inserting(n)
         try:
             writer.step(action, reward, next_obs, terminated, truncated, extras)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a transition") from exc
+        if lim is not None and n and lim.inserted(n):
+            self._sync()
 
     # -- reading ---------------------------------------------------------------------------------------
     def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
@@ -369,10 +406,12 @@ class ReplayStore:
         draw proportionally to ``(p + eps) ** alpha`` with stratification (always with replacement) and
         set ``batch.weight`` to the normalised importance weights for ``beta`` (default ``store.beta``).
         Raises ``NotSampleableError`` (a ``ValueError``) when nothing is sampleable, or fewer than
-        ``batch_size`` transitions with ``replace=False``.
+        ``batch_size`` transitions with ``replace=False``. Rate-limited stores wait until the limit allows
+        ``batch_size`` more rows, or raise ``RateLimitTimeout`` (see ``RateLimit``).
         """
         self._check_open()
-        d = self._draw(_inputs.batch_size_arg(batch_size, self._inputs.row_bytes), bool(replace), beta)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
+        d = self._rate_limited(b, lambda: self._draw(b, bool(replace), beta))
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
@@ -392,7 +431,130 @@ class ReplayStore:
             self._require_prio("beta=")
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, (b, 0, False), int(prefetch))
+                                     self._parts.log.index, (b, 0, False), int(prefetch),
+                                     None if self._limiter is None else self._limit_handout)
+
+    # -- rate limiting ---------------------------------------------------------------------------------
+    def _make_limiter(self, manifest: dict[str, Any]) -> RateLimiter | None:
+        limit = self._schema.rate_limit
+        if limit is None or SNAPSHOT_KEY in manifest:  # a snapshot is never written to: nothing to limit
+            return None
+        s = self._schema
+        return RateLimiter(self._path, limit, manifest.get("rate_limit"), self._mode == "r+",
+                           pending_lag=(s.n_step - 1) * s.num_envs, refresh_every=s.chunk_size)
+
+    def _rate_limited(self, rows: int, draw: Callable[[], T]) -> T:
+        """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
+        waits until the limit allows them, then draws and counts them under the counters' lock. A refused
+        call raises ``RateLimitTimeout`` having drawn nothing (the RNG does not move). Every path that
+        hands out sampled rows calls this (a sequence counts as one row: its start)."""
+        lim = self._limiter
+        if lim is None:
+            return draw()
+        lim.check_batch(rows)
+        if lim.writer:
+            self._sync()  # its len(store) is published before the limit is read
+        return lim.sample(rows, draw)
+
+    def _limit_handout(self, rows: int) -> None:
+        """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
+        self._sync()
+        if self._limiter is not None:
+            self._limiter.check_batch(rows)
+            self._limiter.sample(rows, lambda: None)
+
+    def _limit_insert(self, n: int) -> None:
+        """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
+        lim = self._limiter
+        if lim is not None and n:
+            lim.inserting(n)
+
+    def _count_insert(self, n: int) -> None:
+        """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
+        lim = self._limiter
+        if lim is not None and n and lim.inserted(n):
+            self._sync()
+
+    def can_sample(self, batch_size: int) -> bool:
+        """Whether the rate limit allows ``sample(batch_size)`` now, without waiting (True without a limit).
+
+        Only the limit's answer: ``len(store)`` (of the writing store) >= ``min_size`` and
+        ``sampled + batch_size <= samples_per_insert * inserted + error_buffer``.
+        """
+        self._check_open()
+        b = _inputs.batch_size_arg(batch_size)
+        if self._limiter is None:
+            return True
+        self._sync()
+        return self._limiter.can_sample(b)
+
+    def can_insert(self) -> bool:
+        """Whether the rate limit allows the next ``step()`` now, without waiting (True without a limit):
+        ``samples_per_insert * (inserted + n) <= sampled + error_buffer + samples_per_insert * min_size``
+        for the n transitions it would store."""
+        writer = self._check_writable()
+        return self._limiter is None or self._limiter.can_insert(writer.stored_by_next_step())
+
+    # -- invalidation ------------------------------------------------------------------------------------
+    def invalidate(self, ids: Any) -> int:
+        """Never sample, gather or start a sequence from these transitions again (at once; durable at
+        the next ``commit()``). ``len(store)`` drops; episodes and exports keep them.
+
+        Evicted ids are skipped; ids already invalidated count once. Returns how many were newly
+        invalidated. Raises ``NotSampleableError`` naming the first id never issued (nothing changes).
+        Batches a ``batches()`` iterator had drawn but not handed out are drawn again.
+        """
+        self._check_writable()
+        ids = _inputs.ids_array(ids, "ids")
+        self._sync()
+        n, dropped = self._parts.log.index.invalidate(ids)
+        self._after_validity_change(dropped)
+        return n
+
+    def clear(self) -> None:
+        """Remove every transition stored so far (at once; durable at the next ``commit()``).
+
+        Nothing written before is sampled, gathered, listed by ``episodes()``/``to_arrow()`` or exported
+        again; ids keep counting up, and episodes still open go on (their next transitions are kept, their
+        stacks still read the frames before). A rate limit's counts start again from zero.
+        """
+        self._check_writable()
+        self._sync()
+        self._after_validity_change(self._parts.log.index.clear())
+        if self._limiter is not None:
+            self._limiter.reset(self._parts.log.index.n_valid)
+
+    def _after_validity_change(self, dropped: np.ndarray) -> None:
+        self._parts.sampler.slots_cleared(dropped)
+        self._drawer.discard_pending()  # drawn rows may have just been invalidated
+        if self._limiter is not None:
+            self._limiter.publish_size(self._parts.log.index.n_valid)
+
+    # -- tables ------------------------------------------------------------------------------------------
+    def _table_columns(self) -> dict[str, np.ndarray]:
+        from .tables import transition_columns
+
+        self._check_open()
+        self._sync()
+        sampler = self._parts.sampler
+        return transition_columns(self._parts.log.index, self._parts.log.ring.arrays, self._schema, self.episodes(),
+                                  sampler.priorities if isinstance(sampler, PrioritizedSampler) else None)
+
+    def to_arrow(self) -> Any:
+        """The store's transitions as a ``pyarrow.Table``: one row per retained transition with ``id``,
+        ``episode`` (its row in ``episodes()``), ``step`` (t within the episode), ``env``, ``action``,
+        ``reward``, ``terminated``, ``truncated``, ``sampleable``, ``priority`` (prioritized stores) and
+        the scalar extras; no frames. Needs pyarrow (``pip install 'mmreplay[tables]'``)."""
+        from .tables import arrow_table
+
+        return arrow_table(self._table_columns())
+
+    def to_pandas(self) -> Any:
+        """``to_arrow()``'s columns as a ``pandas.DataFrame`` (needs pandas, not pyarrow:
+        ``pip install 'mmreplay[tables]'``)."""
+        from .tables import pandas_frame
+
+        return pandas_frame(self._table_columns())
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()
@@ -423,7 +585,7 @@ class ReplayStore:
         """
         self._check_open()
         b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
-        return self._assemble_sequence_draw(self._draw_sequences(b, n, strict, beta))
+        return self._assemble_sequence_draw(self._rate_limited(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
     def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
                          beta: float | None = None) -> BatchIterator[SequenceBatch]:
@@ -438,7 +600,7 @@ class ReplayStore:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
-                                     int(prefetch))
+                                     int(prefetch), None if self._limiter is None else self._limit_handout)
 
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
@@ -720,6 +882,8 @@ class ReplayStore:
         new = self._parts.log.index.sync()
         if new.size:
             self._parts.sampler.added(new)
+        if self._limiter is not None and self._limiter.writer:
+            self._limiter.publish_size(self._parts.log.index.n_valid)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         plan = self._parts.log.index.plan(slots)

@@ -61,6 +61,11 @@ class EpisodeWriter:
             self._epos[:] = epos
             self._lost[:] = np.where(lost, LOST, 0)
 
+    def stored_by_next_step(self) -> int:
+        """Transitions the next ``step()`` stores if it succeeds: one per stream with an open episode
+        (an auto-reset stream stores none)."""
+        return int(np.count_nonzero(self._ep_open)) if self._schema.vector else int(self._ep_open[0])
+
     @property
     def episode_open(self) -> np.ndarray:
         """Per env stream: whether an episode is open (a ``step()`` may follow). A copy, bool ``(num_envs,)``."""
@@ -141,9 +146,9 @@ class EpisodeWriter:
             raise ValueError(f"{what}(env=...): expected an env stream index in 0..{n - 1}, got {env!r}")
         if n > 1 and not self._ids:
             raise ValueError(
-                f"{what}(env={env}): this store was written by an older mmreplay (format version 1), which"
-                " keeps its env streams in lockstep; write it with batched reset()/step(), or export it and"
-                " import it into a new store")
+                f"{what}(env={env}): this store was created by an older mmreplay (its chunks record no ids),"
+                " which keeps its env streams in lockstep; write it with batched reset()/step(), or export it"
+                " and import it into a new store")
         return int(env)
 
     # -- step ------------------------------------------------------------------------------------------
@@ -263,18 +268,28 @@ class EpisodeWriter:
         truncated; terminated wins) may only be the block's last step, and closes the episode.
         ``final_missing=True``: the block ends its episode and its final observation is not available
         (imports): ``next_obs`` then holds the other ``L - 1`` frames. Everything is validated before
-        a row is written. Rows go into the stream's section of the open chunk, a whole section's worth
-        per write (one ``pwrite`` of the frames, slice stores for the small columns). Returns the id of
-        the block's first transition.
+        a row is written (``check_extend``); rows go into the stream's extents of the open chunk, a run of
+        consecutive slots per write (one ``pwrite`` of the frames, slice stores for the small columns).
+        Returns the id of the block's first transition.
         """
+        s, blk = self.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
+        return self.write_extend(s, blk, bool(final_missing))
+
+    def check_extend(self, env: Any, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any,
+                     extras: dict[str, Any], final_missing: bool = False) -> tuple[int, Block]:
+        """Validate an ``extend()`` call without writing: (stream, block). Raises as ``extend()`` does."""
         s = self._stream(env, "extend")
         blk = self._inputs.block(actions, rewards, next_obs, terminated, truncated, extras, bool(final_missing))
-        n = blk.length
         if not self._ep_open[s]:
             hint = f"reset(obs, env={s})" if self._schema.vector else "reset(obs)"
             raise EpisodeStateError(
                 f"extend(env={s}) without an open episode: call {hint} first" if not self._started[s] else
                 f"extend(env={s}) after the episode ended (terminated or truncated): call {hint} to start the next one")
+        return s, blk
+
+    def write_extend(self, s: int, blk: Block, final_missing: bool) -> int:
+        """Write a block ``check_extend`` accepted for stream ``s``; returns its first id."""
+        n = blk.length
         log = self._log
         first_id = log.next_id
         if n == 0:

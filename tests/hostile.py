@@ -118,11 +118,15 @@ PEAK = ("def peak_kib():\n"
         "    return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM:'))\n")
 
 
-def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30) -> subprocess.CompletedProcess[str]:
-    """Run ``code`` in a fresh interpreter with this tree first on the path and its address space capped,
-    so a regression fails the test (MemoryError, timeout) instead of the machine. ``peak_kib()`` in the
+def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30,
+                cpu_seconds: int = 20) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a fresh interpreter with this tree first on the path, its address space and its CPU
+    time capped, so a regression (a bomb inflated, a loop over a declared size) fails the test — killed
+    or MemoryError — instead of the machine. The CPU cap is a resource bound far above what a refusal
+    needs (a fresh interpreter importing mmreplay takes ~1 s), not a speed target. ``peak_kib()`` in the
     code gives the interpreter's peak resident memory."""
     prelude = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}));"
+               f" resource.setrlimit(resource.RLIMIT_CPU, ({cpu_seconds}, {cpu_seconds}));"
                f" sys.path.insert(0, {REPO!r})\n{PEAK}")
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,
                           timeout=timeout)

@@ -353,3 +353,44 @@ def test_forged_stream_layouts_are_refused_before_anything_is_mapped(tmp_path, n
     forge(path, change)
     with pytest.raises(mr.CorruptStoreError):
         mr.ReplayStore.open(path, mode="r")
+
+
+def test_blocks_take_quantized_frames_count_against_a_rate_limit_and_survive_clear(tmp_path):
+    """extend() with the training-loop controls: quantize=True frames, a rate limit that counts a block
+    as its steps (and refuses to wait for what only sampling could allow), clear() between streams
+    written apart."""
+    s = mr.ReplayStore.create(tmp_path / "q", capacity=100, obs_shape=(2,), quantize=True, num_envs=2)
+    s.reset(np.zeros(2), env=0)
+    s.extend([0, 1], [1.0, 1.0], np.array([[0.5, 1.0], [0.0, 0.25]]), [False, True], [False, False], env=0)
+    np.testing.assert_array_equal(s.gather(np.array([0])).next_obs[0, -1], [128, 255])
+    with pytest.raises(ValueError, match=r"quantize=True takes floating frames in \[0, 1\]"):
+        s.extend([0], [1.0], np.array([[1.5, 0.0]]), [False], [False], env=1)
+    s.close()
+
+    limit = mr.RateLimit(samples_per_insert=1.0, min_size=4, error_buffer=2.0, timeout=0.0)
+    r = mr.ReplayStore.create(tmp_path / "r", capacity=100, obs_shape=(2,), obs_dtype="int32", rate_limit=limit)
+    r.reset(np.zeros(2, np.int32))
+    r.extend(np.zeros(5, np.int64), np.ones(5), np.ones((5, 2), np.int32), np.zeros(5, bool), np.zeros(5, bool))
+    assert r.inspect()["rate_limit"]["inserted"] == 5
+    with pytest.raises(mr.RateLimitTimeout):  # 6 more would pass samples_per_insert * min_size + error_buffer
+        r.extend(np.zeros(6, np.int64), np.ones(6), np.ones((6, 2), np.int32), np.zeros(6, bool), np.zeros(6, bool))
+    assert r.id_range == (0, 5)
+    r.close()
+
+    pair = _vector_pair(tmp_path / "c", capacity=200)
+    st = pair.store
+    st.reset(pair.frame(2))
+    st.extend(*_block(pair, 10), env=0, **_ex(10))
+    st.extend(*_block(pair, 3), env=1, **_ex(3))
+    st.clear()
+    st.extend(*_block(pair, 4, end=1), env=1, **_ex(4))  # its episode began before the clear: not listed whole
+    st.reset(pair.frame(None), env=0)
+    st.extend(*_block(pair, 6, end=1), env=0, **_ex(6))
+    for store in (st, None):
+        if store is None:
+            st.close()
+            store = mr.ReplayStore.open(tmp_path / "c" / "s", mode="r")
+        t = store.episodes()
+        assert t.complete.sum() == 1 and int(t.length[t.complete][0]) == 6  # only stream 0's new episode
+        assert store.sampleable_ids().min() >= 13  # nothing from before the clear
+    store.close()

@@ -9,15 +9,15 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic", "native", "numeric", "version", "spaces"},
+    {"errors", "options", "synthetic", "native", "version", "spaces"},
     {"storage"},
     {"layout", "plan", "sequences", "episodes", "index"},
-    {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs"},
+    {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
     {"sampling", "writer"},
     {"drawing", "durability"},
     {"store", "verify"},
     {"datasets"},
-    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli"},
+    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli", "__main__"},
 ]
 
 

@@ -28,7 +28,7 @@ def test_stacks_are_the_gather_of_the_slots(n_frames, b, k, threads, read_ahead,
 
 
 def test_outputs_are_recycled_only_when_nobody_holds_them():
-    pool = FramePool(size=2)
+    pool = FramePool()
     a = pool.get((2, 3), np.dtype(np.uint8))
     b = pool.get((2, 3), np.dtype(np.uint8))
     assert a is not b  # a is still referenced here

@@ -20,9 +20,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mmreplay.sampling.sumtree import SumTree
+import mmreplay as mr
+from mmreplay.sampling.numpy_sumtree import NumpySumTree
+from mmreplay.sampling.sumtree import LeafIndexError, SumTree
 
 CAPACITIES = [1, 7, 50, 1024, 3000, 100_003]
+TREES = pytest.mark.parametrize("Tree", [SumTree, NumpySumTree], ids=["native", "numpy"])
 
 # 0.999 quantile of the chi-square distribution with 39 degrees of freedom
 # (40 positive leaves). Computed offline by bisection on the regularized lower
@@ -74,9 +77,10 @@ def assert_matches_leaves(tree: SumTree, leaves: np.ndarray) -> None:
 # ------------------------------------------------------------- basic state
 
 
+@TREES
 @pytest.mark.parametrize("capacity", CAPACITIES)
-def test_new_tree_is_empty(capacity):
-    tree = SumTree(capacity)
+def test_new_tree_is_empty(capacity, Tree):
+    tree = Tree(capacity)
     assert tree.capacity == capacity
     assert tree.total == 0.0
     assert tree.min_positive == np.inf
@@ -90,8 +94,9 @@ def test_new_tree_is_empty(capacity):
         tree.find([0.0])
 
 
-def test_get_and_leaves_return_float64_copies():
-    tree = SumTree(10)
+@TREES
+def test_get_and_leaves_return_float64_copies(Tree):
+    tree = Tree(10)
     tree.set([2, 5], [1.5, 2.5])
     got = tree.get([[2, 5], [5, 0]])
     assert got.dtype == np.float64 and got.shape == (2, 2)
@@ -102,8 +107,9 @@ def test_get_and_leaves_return_float64_copies():
     assert tree.get(2) == 1.5 and tree.total == 4.0
 
 
-def test_negative_zero_is_stored_as_zero():
-    tree = SumTree(4)
+@TREES
+def test_negative_zero_is_stored_as_zero(Tree):
+    tree = Tree(4)
     tree.set([1, 2], [-0.0, 3.0])
     assert not np.signbit(tree.get(1))
     assert tree.count_positive == 1 and tree.min_positive == 3.0
@@ -126,9 +132,10 @@ def update_batches(draw):
     return capacity, seed, np.array(idx, dtype=np.int64), np.array(values)
 
 
+@TREES
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(update_batches())
-def test_batched_set_equals_sequence_of_scalar_sets(case):
+@given(case=update_batches())
+def test_batched_set_equals_sequence_of_scalar_sets(case, Tree):
     capacity, seed, idx, values = case
     # A starting state with zeros and positives, so updates also flip leaves.
     start = np.random.default_rng(seed).random(capacity) * 100
@@ -137,22 +144,23 @@ def test_batched_set_equals_sequence_of_scalar_sets(case):
     for i, v in zip(idx, values, strict=True):
         expected[i] = v
 
-    batched = SumTree.from_leaves(start)
+    batched = Tree.from_leaves(start)
     batched.set(idx, values)
 
-    scalar = SumTree.from_leaves(start)
+    scalar = Tree.from_leaves(start)
     for i, v in zip(idx, values, strict=True):
         scalar.set(int(i), float(v))
         _ = scalar.total  # propagate after every single update
 
     assert_matches_leaves(batched, expected)
     assert_same_tree(batched, scalar)
-    assert_same_tree(batched, SumTree.from_leaves(expected))
+    assert_same_tree(batched, Tree.from_leaves(expected))
 
 
+@TREES
 @pytest.mark.parametrize("capacity", [7, 3000, 100_003])
-def test_duplicate_indices_last_occurrence_wins(capacity):
-    tree = SumTree(capacity)
+def test_duplicate_indices_last_occurrence_wins(capacity, Tree):
+    tree = Tree(capacity)
     last = capacity - 1
     tree.set([3, 5, 3, last, 3, last], [1.0, 2.0, 7.0, 9.0, 4.0, 0.0])
     assert tree.get(3) == 4.0 and tree.get(5) == 2.0 and tree.get(last) == 0.0
@@ -164,10 +172,11 @@ def test_duplicate_indices_last_occurrence_wins(capacity):
     assert tree.count_positive == 1 and tree.total == 8.0 and tree.min_positive == 8.0
 
 
-def test_set_keeps_no_reference_to_caller_arrays():
+@TREES
+def test_set_keeps_no_reference_to_caller_arrays(Tree):
     # Propagation is deferred to the next read; reusing the caller's buffers in
     # between must not change what was written.
-    tree = SumTree(100_003)
+    tree = Tree(100_003)
     idx = np.array([10, 50_000, 100_002], dtype=np.int64)
     values = np.array([1.0, 2.0, 3.0])
     tree.set(idx, values)
@@ -178,8 +187,9 @@ def test_set_keeps_no_reference_to_caller_arrays():
     np.testing.assert_array_equal(tree.find([0.5, 1.5, 3.5]), [10, 50_000, 100_002])
 
 
-def test_scalar_value_applies_to_every_index():
-    tree = SumTree(3000)
+@TREES
+def test_scalar_value_applies_to_every_index(Tree):
+    tree = Tree(3000)
     tree.set([1, 2000, 2999], 2.5)
     np.testing.assert_array_equal(tree.get([1, 2000, 2999]), [2.5, 2.5, 2.5])
     assert tree.total == 7.5 and tree.count_positive == 3
@@ -205,9 +215,10 @@ LAYOUTS = [
 ]
 
 
+@TREES
 @pytest.mark.parametrize("capacity, positions", LAYOUTS)
-def test_find_hand_computed(capacity, positions):
-    tree = SumTree(capacity)
+def test_find_hand_computed(capacity, positions, Tree):
+    tree = Tree(capacity)
     tree.set(positions, [0.0, 1.0, 0.0, 2.0, 3.0, 0.0])
     assert tree.total == 6.0
     points = np.array([p for p, _ in FIND_CASES])
@@ -218,19 +229,20 @@ def test_find_hand_computed(capacity, positions):
     assert tree.find(points).dtype == np.int64
 
 
+@TREES
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     capacity=st.sampled_from(CAPACITIES),
     seed=st.integers(0, 2**32 - 1),
     zero_fraction=st.sampled_from([0.0, 0.5, 0.95]),
 )
-def test_find_matches_exact_cumsum_oracle(capacity, seed, zero_fraction):
+def test_find_matches_exact_cumsum_oracle(capacity, seed, zero_fraction, Tree):
     rng = np.random.default_rng(seed)
     leaves = rng.integers(1, 8, capacity).astype(np.float64)
     leaves[rng.random(capacity) < zero_fraction] = 0.0
     if not leaves.any():
         leaves[rng.integers(capacity)] = 3.0
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     tree.set(np.arange(capacity), leaves)
     total = float(leaves.sum())
     cumsum = np.cumsum(leaves)
@@ -244,24 +256,26 @@ def test_find_matches_exact_cumsum_oracle(capacity, seed, zero_fraction):
 # ------------------------------------------------------ stratified sampling
 
 
+@TREES
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize("capacity, a, b", [(3, 0, 2), (100_003, 70, 99_000)])
-def test_sample_stratified_hand_computed(seed, capacity, a, b):
+def test_sample_stratified_hand_computed(seed, capacity, a, b, Tree):
     # Masses 1 at a and 3 at b, total 4, four segments of width 1: whatever the
     # uniform draws, segment 0 lies in leaf a and segments 1-3 in leaf b.
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     tree.set([a, b], [1.0, 3.0])
     got = tree.sample_stratified(np.random.default_rng(seed), 4)
     assert got.dtype == np.int64
     np.testing.assert_array_equal(got, [a, b, b, b])
 
 
+@TREES
 @pytest.mark.parametrize("capacity", CAPACITIES)
-def test_sample_stratified_points_and_rng_consumption(capacity):
+def test_sample_stratified_points_and_rng_consumption(capacity, Tree):
     rng = np.random.default_rng(capacity)
     leaves = rng.integers(0, 5, capacity).astype(np.float64)
     leaves[-1] = 2.0
-    tree = SumTree.from_leaves(leaves)
+    tree = Tree.from_leaves(leaves)
     batch = 37
     sampler, twin = np.random.default_rng(123), np.random.default_rng(123)
     got = tree.sample_stratified(sampler, batch)
@@ -273,15 +287,16 @@ def test_sample_stratified_points_and_rng_consumption(capacity):
     assert sampler.random() == twin.random()
 
 
+@TREES
 @pytest.mark.parametrize("layout", ["dense-50", "sparse-100003"])
-def test_sample_stratified_frequencies_chi_square(layout):
+def test_sample_stratified_frequencies_chi_square(layout, Tree):
     rng = np.random.default_rng(2024)
     if layout == "dense-50":
         capacity, positions = 50, np.sort(rng.choice(50, size=40, replace=False))
     else:
         capacity, positions = 100_003, np.sort(rng.choice(100_003, size=40, replace=False))
     masses = rng.gamma(2.0, size=40) + 0.05  # spread over two orders of magnitude
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     tree.set(positions, masses)
 
     draws = [tree.sample_stratified(rng, 2000) for _ in range(100)]
@@ -306,10 +321,11 @@ def test_sample_stratified_frequencies_chi_square(layout):
 # --------------------------------------------------------------- exactness
 
 
-def test_root_stays_exact_after_a_million_updates():
+@TREES
+def test_root_stays_exact_after_a_million_updates(Tree):
     capacity = 100_003
     rng = np.random.default_rng(7)
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     leaves = np.zeros(capacity)
     for batch in range(500):  # 500 batches of 2000: 10**6 updates
         idx = rng.integers(0, capacity, 2000)
@@ -324,24 +340,26 @@ def test_root_stays_exact_after_a_million_updates():
     assert math.isclose(tree.total, exact, rel_tol=1e-9)
     assert abs(tree.total - exact) <= 1e-12 * exact  # in fact much tighter
     assert_matches_leaves(tree, leaves)
-    assert_same_tree(tree, SumTree.from_leaves(leaves))
+    assert_same_tree(tree, Tree.from_leaves(leaves))
 
 
+@TREES
 @pytest.mark.parametrize("capacity", [50, 100_003])
-def test_no_residue_after_a_huge_mass_is_removed(capacity):
+def test_no_residue_after_a_huge_mass_is_removed(capacity, Tree):
     # A tree that adds deltas would keep rounding garbage of 1e20 forever.
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     tree.set([0, 1, capacity - 1], [0.1, 0.2, 0.3])
     tree.set(1, 1e20)
     assert tree.total == pytest.approx(1e20)
     tree.set(1, 0.2)
-    assert tree.total == SumTree.from_leaves(tree.leaves()).total
+    assert tree.total == Tree.from_leaves(tree.leaves()).total
     assert math.isclose(tree.total, 0.6, rel_tol=1e-15)
 
 
+@TREES
 @pytest.mark.parametrize("capacity", [5, 3000, 100_003])
-def test_min_positive_ignores_zeros(capacity):
-    tree = SumTree(capacity)
+def test_min_positive_ignores_zeros(capacity, Tree):
+    tree = Tree(capacity)
     last = capacity - 1
     tree.set([0, 1, 3, last], [0.0, 5.0, 2.0, 0.0])
     assert tree.min_positive == 2.0 and tree.count_positive == 2
@@ -372,12 +390,13 @@ BAD_SETS = [  # (idx, values, exception, fragment of the message)
 ]
 
 
+@TREES
 @pytest.mark.parametrize("idx, values, exc, fragment", BAD_SETS)
 @pytest.mark.parametrize("capacity", [2048, 3000])  # without and with row levels
-def test_invalid_set_raises_and_changes_nothing(idx, values, exc, fragment, capacity):
+def test_invalid_set_raises_and_changes_nothing(idx, values, exc, fragment, capacity, Tree):
     if isinstance(idx, list) and "capacity" in idx:
         idx = [capacity if i == "capacity" else i for i in idx]
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     tree.set([0, 4, capacity - 1], [1.0, 2.0, 3.0])
     before = snapshot(tree)  # reads, so propagation has happened
     tree.set(7, 4.0)  # leave one write pending across the failed call
@@ -391,28 +410,31 @@ def test_invalid_set_raises_and_changes_nothing(idx, values, exc, fragment, capa
     np.testing.assert_array_equal(after["found"], before["found"])
 
 
+@TREES
 @pytest.mark.parametrize("bad", [[0, 2, 3], [np.nan, 1.0, 1.0], [1.0, -2.0, 1.0], [[1.0, 2.0, 3.0]], 5.0])
-def test_invalid_load_leaves_raises_and_changes_nothing(bad):
-    tree = SumTree.from_leaves([1.0, 2.0, 3.0, 4.0])
+def test_invalid_load_leaves_raises_and_changes_nothing(bad, Tree):
+    tree = Tree.from_leaves([1.0, 2.0, 3.0, 4.0])
     with pytest.raises(ValueError, match=r"leaves"):
         tree.load_leaves(bad)
     np.testing.assert_array_equal(tree.leaves(), [1.0, 2.0, 3.0, 4.0])
     assert tree.total == 10.0 and tree.count_positive == 4
 
 
-def test_load_leaves_names_the_bad_position():
-    tree = SumTree(5)
-    with pytest.raises(ValueError, match=r"leaves\[3\] = inf"):
+@TREES
+def test_load_leaves_names_the_bad_position(Tree):
+    tree = Tree(5)
+    with pytest.raises(ValueError, match=r"leaves\[3\]: expected a finite mass >= 0, got inf"):
         tree.load_leaves([0.0, 1.0, 2.0, np.inf, 1.0])
     with pytest.raises(ValueError, match=r"leaves\[1\]"):
-        SumTree.from_leaves([1.0, np.nan])
+        Tree.from_leaves([1.0, np.nan])
     with pytest.raises(ValueError, match="non-empty 1-D"):
-        SumTree.from_leaves([])
+        Tree.from_leaves([])
 
 
+@TREES
 @pytest.mark.parametrize("capacity", [7, 3000])
-def test_invalid_find_and_get(capacity):
-    tree = SumTree(capacity)
+def test_invalid_find_and_get(capacity, Tree):
+    tree = Tree(capacity)
     tree.set([1, 5], [1.0, 2.0])
     with pytest.raises(ValueError, match=r"masses\[1\]"):
         tree.find([0.5, 3.5])
@@ -426,17 +448,18 @@ def test_invalid_find_and_get(capacity):
         tree.get([0.5])
 
 
-def test_invalid_arguments_to_constructor_and_sampler():
+@TREES
+def test_invalid_arguments_to_constructor_and_sampler(Tree):
     with pytest.raises(ValueError, match="capacity"):
-        SumTree(0)
+        Tree(0)
     with pytest.raises(TypeError, match="capacity"):
-        SumTree(2.0)
+        Tree(2.0)
     with pytest.raises(TypeError, match="capacity"):
-        SumTree(True)
-    tree = SumTree.from_leaves([1.0, 2.0])
-    with pytest.raises(ValueError, match="batch_size"):
+        Tree(True)
+    tree = Tree.from_leaves([1.0, 2.0])
+    with pytest.raises(ValueError, match="n: expected an integer >= 1, got 0"):
         tree.sample_stratified(np.random.default_rng(0), 0)
-    with pytest.raises(TypeError, match="batch_size"):
+    with pytest.raises(TypeError, match="n: expected an integer"):
         tree.sample_stratified(np.random.default_rng(0), 2.5)
     with pytest.raises(TypeError, match="Generator"):
         tree.sample_stratified(np.random.RandomState(0), 4)
@@ -447,24 +470,25 @@ def test_invalid_arguments_to_constructor_and_sampler():
 # ------------------------------------------------ rebuild, resize, restore
 
 
+@TREES
 @pytest.mark.parametrize("capacity", CAPACITIES)
-def test_from_leaves_reproduces_an_updated_tree_bit_for_bit(capacity):
+def test_from_leaves_reproduces_an_updated_tree_bit_for_bit(capacity, Tree):
     rng = np.random.default_rng(capacity)
-    tree = SumTree(capacity)
+    tree = Tree(capacity)
     for _ in range(20):
         idx = rng.integers(0, capacity, 64)
         values = rng.exponential(size=64) * (rng.random(64) < 0.8)
         tree.set(idx, values)
         _ = tree.total
     tree.set(capacity - 1, 1.5)  # at least one positive leaf, to sample from
-    restored = SumTree.from_leaves(tree.leaves())
+    restored = Tree.from_leaves(tree.leaves())
     assert_same_tree(tree, restored)
     # A checkpoint of the leaves plus the RNG state resumes the same batches.
     a = tree.sample_stratified(np.random.default_rng(99), 32)
     b = restored.sample_stratified(np.random.default_rng(99), 32)
     np.testing.assert_array_equal(a, b)
 
-    reloaded = SumTree(capacity)
+    reloaded = Tree(capacity)
     reloaded.set(np.arange(min(capacity, 10)), 5.0)  # state that load_leaves must replace
     reloaded.load_leaves(tree.leaves())
     assert_same_tree(tree, reloaded)
@@ -473,30 +497,192 @@ def test_from_leaves_reproduces_an_updated_tree_bit_for_bit(capacity):
 @pytest.mark.parametrize(
     "old, new", [(50, 3000), (3000, 100_003), (100_003, 3000), (3000, 50), (1024, 1024), (7, 1)]
 )
-def test_resize_keeps_the_common_prefix(old, new):
+@TREES
+def test_resize_keeps_the_common_prefix(old, new, Tree):
     rng = np.random.default_rng(old + new)
     leaves = rng.integers(0, 4, old).astype(np.float64)
     leaves[0] = 1.0
-    tree = SumTree.from_leaves(leaves)
+    tree = Tree.from_leaves(leaves)
     resized = tree.resize(new)
     keep = min(old, new)
     expected = np.zeros(new)
     expected[:keep] = leaves[:keep]
     assert resized.capacity == new
     assert_matches_leaves(resized, expected)
-    assert_same_tree(resized, SumTree.from_leaves(expected))
+    assert_same_tree(resized, Tree.from_leaves(expected))
     # The original is untouched and independent of the new tree.
     resized.set(0, 100.0)
     np.testing.assert_array_equal(tree.leaves(), leaves)
     assert tree.total == leaves.sum()
 
 
+@TREES
 @pytest.mark.parametrize("capacity", [50, 100_003])
-def test_copy_and_pickle_give_independent_equal_trees(capacity):
-    tree = SumTree(capacity)
+def test_copy_and_pickle_give_independent_equal_trees(capacity, Tree):
+    tree = Tree(capacity)
     tree.set([1, 2, capacity - 1], [1.0, 2.0, 3.0])  # still pending when copied
     for clone in (copy.copy(tree), copy.deepcopy(tree), pickle.loads(pickle.dumps(tree))):
         assert_same_tree(clone, tree)
         clone.set(capacity - 1, 10.0)
         assert clone.total == 13.0 and clone.find([12.0])[0] == capacity - 1
         assert tree.total == 6.0 and tree.get(capacity - 1) == 3.0
+
+
+# ------------------------------------------- the public class against a naive reference (issue 16)
+
+
+class NaiveTree:
+    """What ``mr.SumTree`` promises, in the plainest Python: a list of floats, searched linearly."""
+
+    def __init__(self, capacity: int) -> None:
+        self.p = [0.0] * capacity
+
+    def __len__(self) -> int:
+        return len(self.p)
+
+    def set(self, idx, values) -> None:
+        idx = list(range(len(self.p))[idx]) if isinstance(idx, slice) else np.atleast_1d(idx).tolist()
+        values = np.broadcast_to(np.asarray(values, float), (len(idx),)).tolist()
+        for i, v in zip(idx, values, strict=True):  # in order: a repeated index keeps its last value
+            self.p[i] = v + 0.0
+
+    def get(self, idx):
+        if isinstance(idx, slice):
+            return self.p[idx]
+        return [self.p[i] for i in idx] if isinstance(idx, list) else self.p[idx]
+
+    @property
+    def total(self) -> float:
+        return math.fsum(self.p)
+
+    @property
+    def min(self) -> float:
+        return min((v for v in self.p if v > 0), default=math.inf)
+
+    @property
+    def max(self) -> float:
+        return max(self.p)
+
+    def leaf_of(self, m: float) -> int:
+        """First leaf whose cumulative sum exceeds m; past the end, the last positive leaf (exact for
+        integer masses)."""
+        acc = 0.0
+        for i, v in enumerate(self.p):
+            acc += v
+            if acc > m:
+                return i
+        return max(i for i, v in enumerate(self.p) if v > 0)
+
+    def sample(self, rng, n):
+        total = self.total
+        return [self.leaf_of(u * total) for u in rng.random(n)]
+
+    def stratified_sample(self, rng, n):
+        total = self.total
+        return [self.leaf_of((i + u) * (total / n)) for i, u in enumerate(rng.random(n))]
+
+
+@st.composite
+def api_programs(draw, integer_masses: bool):
+    capacity = draw(st.sampled_from([1, 5, 33, 2049, 3000]))
+    mass = st.integers(0, 9).map(float) if integer_masses else st.one_of(
+        st.just(0.0), st.floats(1e-300, 1e300), st.floats(0.0, 10.0))
+    index = st.integers(0, capacity - 1)
+    ops = []
+    for _ in range(draw(st.integers(1, 8))):
+        form = draw(st.sampled_from(["item", "list", "scalar-list", "slice", "method", "array"]))
+        if form == "item":
+            ops.append((form, draw(index), draw(mass)))
+        elif form == "slice":
+            a, b = sorted(draw(st.lists(st.integers(0, capacity), min_size=2, max_size=2)))
+            ops.append((form, slice(a, b, draw(st.sampled_from([None, 2, 3]))), draw(mass)))
+        else:
+            n = draw(st.integers(0, 40))
+            idx = draw(st.lists(index, min_size=n, max_size=n))
+            vals = draw(mass) if form == "scalar-list" else draw(st.lists(mass, min_size=n, max_size=n))
+            ops.append((form, idx, vals))
+    return capacity, ops, draw(st.integers(0, 2**32 - 1))
+
+
+def _apply(tree, naive, ops) -> None:
+    for form, idx, vals in ops:
+        naive.set(idx, vals)
+        if form == "method":
+            tree.set(idx, vals)
+        elif form == "array":
+            tree[np.array(idx, np.int32)] = np.array(vals, np.float64)
+        else:
+            tree[idx] = vals
+
+
+@TREES
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=api_programs(integer_masses=True))
+def test_public_api_matches_naive_reference_exactly(case, Tree):
+    """Integer masses: every sum is exact, so totals, searches and draws must equal the naive ones."""
+    capacity, ops, seed = case
+    tree, naive = Tree(capacity), NaiveTree(capacity)
+    _apply(tree, naive, ops)
+    assert len(tree) == len(naive) == capacity
+    assert tree[:].tolist() == naive.get(slice(None)) == tree.leaves().tolist()
+    assert tree[1::2].tolist() == naive.get(slice(1, None, 2))
+    probe = [0, capacity - 1, capacity // 2, 0]
+    assert tree[probe].tolist() == tree.get(probe).tolist() == naive.get(probe)
+    assert tree[capacity - 1] == naive.get(capacity - 1)
+    assert tree.total == naive.total and tree.max == naive.max and tree.min == naive.min
+    assert tree.count_positive == sum(v > 0 for v in naive.p)
+    if naive.total == 0:
+        with pytest.raises(ValueError, match="total == 0"):
+            tree.sample(np.random.default_rng(seed), 3)
+        return
+    for n in (1, 7, 64):
+        assert tree.sample(np.random.default_rng(seed), n).tolist() == naive.sample(np.random.default_rng(seed), n)
+        assert (tree.stratified_sample(np.random.default_rng(seed), n).tolist()
+                == naive.stratified_sample(np.random.default_rng(seed), n))
+
+
+@TREES
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=api_programs(integer_masses=False))
+def test_public_api_matches_naive_reference_on_any_masses(case, Tree):
+    """Masses from 1e-300 to 1e300: leaves, min and max exact, the total to float64 rounding, and
+    draws land only on positive leaves, each inside its stratum's leaves."""
+    capacity, ops, seed = case
+    tree, naive = Tree(capacity), NaiveTree(capacity)
+    _apply(tree, naive, ops)
+    assert tree.leaves().tolist() == naive.p
+    assert tree.max == naive.max and tree.min == naive.min
+    assert math.isclose(tree.total, naive.total, rel_tol=1e-12, abs_tol=0.0)
+    if naive.total > 0:
+        for draw in (tree.sample(np.random.default_rng(seed), 50), tree.stratified_sample(np.random.default_rng(seed), 50)):
+            assert all(naive.p[i] > 0 for i in draw.tolist())
+
+
+@TREES
+def test_public_api_forms_and_errors(Tree):
+    assert mr.SumTree is SumTree
+    tree = Tree(6)
+    tree[2] = 3
+    tree[[0, 5]] = 1.5
+    tree[3:5] = [2.0, 0.0]
+    assert len(tree) == 6 and list(tree) == [1.5, 0.0, 3.0, 2.0, 0.0, 1.5]
+    assert isinstance(tree[2], np.float64) and tree[np.int64(2)] == 3.0
+    assert (tree.total, tree.min, tree.max, tree.count_positive) == (8.0, 1.5, 3.0, 4)
+    assert Tree(4).max == 0.0 and Tree(4).min == np.inf
+    with pytest.raises(IndexError, match=r"idx\[1\]: expected a leaf index in \[0, 6\), got 6"):
+        tree[[0, 6]] = 1.0
+    with pytest.raises(IndexError, match=r"idx: expected a leaf index in \[0, 6\), got -1"):
+        tree[-1]  # no negative indexing: a slot id is never negative, so -1 is a bug upstream
+    with pytest.raises(LeafIndexError):
+        tree.get([7])
+    with pytest.raises(ValueError, match=r"values\[1\]: expected a finite mass >= 0, got nan"):
+        tree.set([0, 1], [1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"values\[0\]: expected a finite mass >= 0, got -1.0"):
+        tree[0] = -1.0
+    with pytest.raises(TypeError, match="idx: expected integer leaf indices"):
+        tree[1.0] = 2.0
+    with pytest.raises(TypeError, match="values: expected float masses"):
+        tree[0] = "heavy"
+    with pytest.raises(TypeError, match="Generator"):
+        tree.sample(0, 4)
+    assert (tree.total, tree.count_positive) == (8.0, 4)  # nothing changed

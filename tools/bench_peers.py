@@ -66,6 +66,7 @@ class Unit:
     info: dict[str, Any] = field(default_factory=dict)
     rates: list[float] = field(default_factory=list)
     mm_rates: list[float] = field(default_factory=list)
+    minflt: list[float] = field(default_factory=list)  # minor page faults per batch, per window
     ckpt: dict[str, Any] | None = None
     skipped: str = ""
     ckpt_skipped: str = ""
@@ -212,13 +213,14 @@ class Child:
         self.stderr.close()
 
 
-def start(u: Unit, python: str, run_dir: str, workload: str, args: argparse.Namespace) -> Child:
-    name = f"{u.peer}-{u.variant or 'default'}-{u.kind}"
+def start(u: Unit, python: str, run_dir: str, workload: str, args: argparse.Namespace,
+          malloc: str | None = None) -> Child:
+    name = f"{u.peer}-{u.variant or 'default'}-{u.kind}" + (f"-{malloc}" if malloc else "")
     workdir = os.path.join(run_dir, name)
     os.makedirs(workdir)
     cfg = {"peer": u.peer, "variant": u.variant, "prioritized": u.prioritized, "capacity": u.capacity,
            "steps": u.capacity + u.capacity // 10, "workload": workload, "workdir": workdir,
-           "append_budget_s": args.append_budget, "seed": 0}
+           "append_budget_s": args.append_budget, "seed": 0, "malloc": malloc or args.malloc}
     t0 = time.time()
     child = Child(python, cfg, run_dir)
     u.info.update(child.read())  # versions
@@ -239,7 +241,9 @@ def measure_windows(u: Unit, child: Child, mm: Child | None, rounds: int, second
     for r in range(rounds):
         if mm is not None and r % 2 == 1:
             u.mm_rates.append(mm.ask(f"sample {seconds}")["rate"])
-        u.rates.append(child.ask(f"sample {seconds}")["rate"])
+        got = child.ask(f"sample {seconds}")
+        u.rates.append(got["rate"])
+        u.minflt.append(got["minflt"])
         if mm is not None and r % 2 == 0:
             u.mm_rates.append(mm.ask(f"sample {seconds}")["rate"])
 
@@ -262,7 +266,7 @@ def run_capacity(cap: int, pythons: dict[str, str], scratch: str, workload: str,
     mm: dict[bool, Child] = {}
     try:
         for prio in (False, True):
-            u = Unit("mmreplay", "", prio, cap)
+            u = Unit("mmreplay", mm_variant(args), prio, cap)
             why, _ = fits(u, scratch, 0)
             if why:
                 raise RuntimeError(f"mmreplay at capacity {cap:,} {why}")
@@ -324,6 +328,54 @@ def run_unit(u: Unit, python: str, mm: Child, run_dir: str, workload: str, args:
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
 
 
+def mm_variant(args: argparse.Namespace) -> str:
+    """mmreplay's variant: its own batch path, or the native kernels through tools/_wired.py."""
+    return "kernels" if args.mmreplay_kernels else ""
+
+
+def malloc_check(cap: int, pythons: dict[str, str], scratch: str, workload: str,
+                 args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Each buffer (uniform) sampled in a process left in a fresh process's allocator state and in one put
+    in a learner's state (common.learner_malloc_state), in alternating windows: the measurement that shows
+    the start-up step does what it should (page faults per batch gone, the rate of a long-running process)."""
+    run_dir = os.path.join(scratch, f"malloc{cap}")
+    os.makedirs(run_dir)
+    out = []
+    try:
+        for peer, variant in [("mmreplay", mm_variant(args))] + [(p, v) for p in args.peers if p in pythons
+                                                                  for v in VARIANTS[p]]:
+            python = sys.executable if peer == "mmreplay" else pythons[peer]
+            units = {m: Unit(peer, variant, False, cap) for m in ("fresh", "learner")}
+            children: dict[str, Child] = {}
+            try:
+                for m, u in units.items():
+                    children[m] = start(u, python, run_dir, workload, args, malloc=m)
+                    children[m].ask(f"sample {args.seconds / 2}")
+                for r in range(args.rounds):
+                    for m in (("fresh", "learner") if r % 2 == 0 else ("learner", "fresh")):
+                        got = children[m].ask(f"sample {args.seconds}")
+                        units[m].rates.append(got["rate"])
+                        units[m].minflt.append(got["minflt"])
+            except ChildError as exc:
+                log(f"  malloc check of {peer} {variant}: {exc}")
+                continue
+            finally:
+                for c in children.values():
+                    c.close()
+            row = {"peer": peer, "variant": variant, "capacity": cap,
+                   **{f"{m}_rate": statistics.median(u.rates) for m, u in units.items()},
+                   **{f"{m}_minflt": statistics.median(u.minflt) for m, u in units.items()},
+                   "ratio": statistics.median([b / a for a, b in zip(units["fresh"].rates, units["learner"].rates,
+                                                                      strict=True)]),
+                   "state": {m: u.info.get("malloc") for m, u in units.items()}}
+            log(f"  malloc check {peer} {variant}: fresh {row['fresh_rate']:,.0f}/s ({row['fresh_minflt']:.0f} faults"
+                f"/batch), learner {row['learner_rate']:,.0f}/s ({row['learner_minflt']:.0f}), x{row['ratio']:.2f}")
+            out.append(row)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return out
+
+
 # ---- workload -----------------------------------------------------------------------------------------
 
 def make_workload(path: str, steps: int, frames: str) -> str:
@@ -364,6 +416,14 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write every measurement to this JSON file")
     ap.add_argument("--frames", choices=["atari", "synthetic"], default="atari",
                     help="frame pool: real Atari frames from tests/data/atari (default) or generated ones")
+    ap.add_argument("--malloc", choices=["learner", "fresh"], default="learner",
+                    help="allocator state of every buffer process: a long-running learner's (default: one 16 MB "
+                         "block allocated and freed at start-up) or a fresh process's")
+    ap.add_argument("--mmreplay-kernels", action="store_true",
+                    help="mmreplay's batches through the native kernels (tools/_wired.py, the prototype of their "
+                         "wiring into the store) instead of its numpy path")
+    ap.add_argument("--malloc-check", type=int, default=20_000, metavar="CAPACITY",
+                    help="first measure each buffer in both allocator states at this capacity (0: skip)")
     args = ap.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
     bad = [p for p in args.peers if p not in INSTALL]
@@ -388,6 +448,10 @@ def main() -> None:
             except (RuntimeError, subprocess.CalledProcessError) as exc:
                 failed[peer] = str(exc)
                 log(f"{peer} could not be installed: {exc}")
+        malloc_rows: list[dict[str, Any]] = []
+        if args.malloc_check:
+            log(f"allocator state check at {args.malloc_check:,}")
+            malloc_rows = malloc_check(args.malloc_check, pythons, scratch, workload, args)
         units: list[Unit] = []
         for cap in caps:
             log(f"capacity {cap:,}")
@@ -396,12 +460,13 @@ def main() -> None:
             if u.skipped == "not installed":
                 u.skipped = "could not be installed: " + failed.get(u.peer, "")[:200]
         loads.append(os.getloadavg()[0])
-        body = report(units, source, {p: INSTALL[p] for p in installed}, args, (time.time() - t_start) / 60, loads)
+        body = report(units, source, {p: INSTALL[p] for p in installed}, args, (time.time() - t_start) / 60, loads,
+                      malloc_rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([u.__dict__ for u in units], f, indent=1, default=str)
+            json.dump({"units": [u.__dict__ for u in units], "malloc_check": malloc_rows}, f, indent=1, default=str)
     if not args.no_write:
         write_section("peers", body)
     print(body)

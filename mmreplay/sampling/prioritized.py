@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import CorruptStoreError, NotSampleableError
 from ..index import Index
-from ..numeric import finite_nonnegative, keep_last
+from ..native.priorities import BAD_PRIORITY, NEVER_ISSUED
 from ..options import Prioritized
 from ..statefiles import StateDir
 from .subset import Accept, Pool, propose_and_accept
@@ -160,21 +160,16 @@ class PrioritizedSampler:
             raise TypeError(f"priorities: expected real numbers, got dtype {p.dtype}")
         if not ids.size:
             return 0
-        p = finite_nonnegative(p.astype(np.float64), "priorities")
+        p = p.astype(np.float64)
         idx = self.index
-        lo, hi = int(ids.min()), int(ids.max())
-        if hi >= idx.next_id or lo < 0:
-            never = int(np.flatnonzero((ids >= idx.next_id) | (ids < 0))[0])
-            raise NotSampleableError(f"index[{never}] = {ids[never]} was never issued (next id is {idx.next_id})")
-        ok = idx.valid_in_range(ids) if lo >= idx.oldest_id else idx.ids_valid(ids)
-        skipped = ids.size - int(np.count_nonzero(ok))
-        if skipped:
-            self.skipped_updates += skipped
-            ids, p = ids[ok], p[ok]
-        ids, p = keep_last(ids, p)
-        if ids.size:
-            self._set(idx.slots_of(ids), p, np.power(p + self.eps, self.alpha))
-            top = float(p.max())
+        status, pos, slots, values, skipped, top = idx.priority_targets(ids, p)
+        if status == BAD_PRIORITY:
+            raise ValueError(f"priorities[{pos}] = {float(p[pos])!r}: expected finite and >= 0")
+        if status == NEVER_ISSUED:
+            raise NotSampleableError(f"index[{pos}] = {ids[pos]} was never issued (next id is {idx.next_id})")
+        self.skipped_updates += skipped
+        if slots.size:
+            self._set(slots, values, np.power(values + self.eps, self.alpha))
             if top > self.max_priority:
                 self.max_priority = top
         return skipped

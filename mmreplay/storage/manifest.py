@@ -21,8 +21,21 @@ from .validate import check_body
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
 FORMAT_NAME = "mmreplay-store"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # the newest version this code reads (and writes, when a store needs it)
 MANIFEST = "manifest.json"
+
+
+def version_needed(body: dict[str, Any]) -> int:
+    """The oldest format version that reads ``body`` right: 3 when its env streams were written apart
+    (``rows`` is then one count per stream; older readers would misplace rows and ids), 2 when it holds a
+    validity record (version-1 readers would sample invalidated transitions) or a rate limit (version-1
+    processes would not count)."""
+    if isinstance(body.get("rows"), list):
+        return 3
+    schema = body.get("schema")
+    if body.get("validity") or (isinstance(schema, dict) and schema.get("rate_limit")):
+        return 2
+    return 1
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -30,7 +43,7 @@ def _canonical(body: dict[str, Any]) -> bytes:
 
 
 def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -> None:
-    body = dict(body, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+    body = dict(body, format=FORMAT_NAME, format_version=version_needed(body))
     doc = dict(body, checksum=zlib.crc32(_canonical(body)))
     write_atomic(os.path.join(directory, name), _readable(doc))
 

@@ -163,6 +163,11 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
     check_rng(doc.get("rng"), "rng", where)
     _check_pending(f, doc.get("pending_draws"), oldest_id, next_id, rows)
     _check_priorities(f, doc.get("priorities"), oldest_id, next_id, positions * schema.rows_alloc)
+    _check_validity(f, doc.get("validity"), next_id, rows)
+    if doc.get("state_crc32") is not None:
+        for rel, crc in f.dict_("state_crc32", doc["state_crc32"]).items():
+            f.int_(f"state_crc32[{_show(rel)}]", crc, 0, 2**32 - 1)
+    _check_rate_counts(f, doc.get("rate_limit"))
     if doc.get("metadata") is not None:
         f.dict_("metadata", doc["metadata"])
     snaps = doc.get("snapshots")
@@ -329,6 +334,34 @@ def _check_priorities(f: _Fields, entry: Any, oldest_id: int, next_id: int, slot
     f.int_("priorities.skipped_updates", e["skipped_updates"])
 
 
+def _check_validity(f: _Fields, entry: Any, next_id: int, rows: list[int]) -> None:
+    if entry is None:
+        return
+    e = f.dict_("validity", entry, ("cleared_below", "cleared_row", "invalid_ids", "file"))
+    f.int_("validity.cleared_below", e["cleared_below"], 0, next_id)
+    cleared = e["cleared_row"]
+    if isinstance(cleared, list):  # each stream's rows at the clear (one count when they were all equal)
+        if len(cleared) != len(rows):
+            f.fail("validity.cleared_row", cleared, f"{len(rows)} row counts (one per env stream)")
+        for s, (v, r) in enumerate(zip(cleared, rows, strict=True)):
+            f.int_(f"validity.cleared_row[{s}]", v, 0, r)
+    else:
+        f.int_("validity.cleared_row", cleared, 0, min(rows))
+    f.int_("validity.invalid_ids", e["invalid_ids"], 0, next_id)
+    if e["file"] is not None:
+        check_state_name(e["file"], "validity.file", f.where, "invalid")
+
+
+def _check_rate_counts(f: _Fields, entry: Any) -> None:
+    if entry is None:
+        return
+    e = f.dict_("rate_limit", entry, ("inserted", "sampled", "sampled_total", "size"))
+    for key in ("inserted", "sampled", "sampled_total", "size"):
+        f.int_(f"rate_limit.{key}", e[key])
+    if e["sampled"] > e["sampled_total"]:
+        f.fail("rate_limit.sampled", e["sampled"], f"at most sampled_total ({e['sampled_total']:,})")
+
+
 # -- the files ----------------------------------------------------------------------------------------
 def _regular_or_absent(path: str, what: str) -> os.stat_result | None:
     try:
@@ -373,6 +406,12 @@ def check_files(root: str, doc: dict[str, Any], schema: Schema | None = None) ->
             check_npy_size(path, st.st_size)
             if schema.prioritized is not None:
                 load_priority_table(path, 2 if i == 0 else 3)
+    validity = doc.get("validity") or {}
+    if validity.get("file"):
+        path = os.path.join(root, validity["file"])
+        st = _regular_or_absent(path, "state file")
+        if st is not None:
+            check_npy_size(path, st.st_size)
 
 
 def load_priority_table(path: str, rows: int) -> np.ndarray:

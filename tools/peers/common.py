@@ -6,15 +6,19 @@ A child is started as ``python child.py CONFIG_JSON``. It builds its buffer, fil
 buffer's add calls), checks a few sampled batches against the workload, and then answers commands read
 from stdin, one per line, each answered by one JSON line on stdout prefixed with ``@@``:
 
-    sample SECONDS   -> {"rate": batches per second}  (prioritized: sample(32) + update_priorities(32))
+    sample SECONDS   -> {"rate": batches per second, "minflt": minor page faults per batch}
+                        (prioritized: sample(32) + update_priorities(32))
     checkpoint DIR   -> save to DIR, drop the buffer, load it back, check a batch; timings and bytes
     quit
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
+import resource
 import sys
 import time
 import traceback
@@ -245,10 +249,13 @@ def check(peer: Any, wl: Workload, batches: int = 64) -> dict[str, Any]:
     return stats
 
 
-def sample_rate(peer: Any, seconds: float, prioritized: bool, rng: np.random.Generator) -> float:
+def sample_rate(peer: Any, seconds: float, prioritized: bool, rng: np.random.Generator) -> dict[str, float]:
+    """Batches per second over ``seconds``, and the minor page faults per batch meanwhile (outputs that
+    the allocator had to map afresh show up there: hundreds per 1.8 MB batch)."""
     prios = rng.random((64, BATCH)) + 0.01
     n = 0
     clock = time.perf_counter
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t0 = clock()
     while True:
         raw = peer.sample()
@@ -256,7 +263,33 @@ def sample_rate(peer: Any, seconds: float, prioritized: bool, rng: np.random.Gen
             peer.update(raw, prios[n % 64])
         n += 1
         if n % 8 == 0 and clock() - t0 >= seconds:
-            return n / (clock() - t0)
+            rate = n / (clock() - t0)
+            return {"rate": rate, "minflt": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n}
+
+
+def learner_malloc_state(nbytes: int = 16 * 2**20) -> bool:
+    """Put glibc's allocator in the state of a long-running learner, as every buffer process does first.
+
+    glibc serves a request above its mmap threshold (128 KB at start-up) with a fresh mmap and unmaps it
+    on free(); freeing such a block also raises the threshold to its size (up to 32 MB), after which
+    requests of that size come from the heap and freed memory is kept for reuse. A long-running learner
+    has long since freed blocks of its batch's size; a benchmark process that just started has not, so
+    each of its ~1.8 MB batch outputs costs a new mapping, a page fault per page written and the zeroing
+    of every page (cpprb's sample() runs at half its rate or less for that alone; see BENCHMARKS.md). Allocating and freeing one 16 MB block
+    at start-up does what the learner's history did. Returns whether it could (glibc found).
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.malloc.argtypes = [ctypes.c_size_t]
+        libc.free.argtypes = [ctypes.c_void_p]
+        block = libc.malloc(nbytes)
+        if not block:
+            return False
+        libc.free(block)
+        return True
+    except (OSError, AttributeError):
+        return False
 
 
 def checkpoint(peer: Any, wl: Workload, where: str) -> dict[str, Any]:
@@ -278,11 +311,12 @@ def checkpoint(peer: Any, wl: Workload, where: str) -> dict[str, Any]:
 
 
 def run(peer_cls: Any, cfg: dict[str, Any]) -> None:
+    malloc = "learner" if cfg.get("malloc_ready") else "fresh"
     np.random.seed(cfg.get("seed", 0))
     base = rss_anon_mb()
     wl = Workload(cfg["workload"], cfg["steps"])
     peer = peer_cls(cfg)
-    emit(event="versions", versions=peer.versions(), rss_anon_base_mb=base)
+    emit(event="versions", versions=peer.versions(), rss_anon_base_mb=base, malloc=malloc)
     filled = fill(peer, wl, cfg.get("append_budget_s", 60.0))
     rss = rss_anon_mb()
     disk, _ = disk_usage(peer.data_paths())
@@ -294,7 +328,7 @@ def run(peer_cls: Any, cfg: dict[str, Any]) -> None:
         cmd, _, arg = line.strip().partition(" ")
         try:
             if cmd == "sample":
-                emit(rate=sample_rate(peer, float(arg), cfg["prioritized"], rng))
+                emit(**sample_rate(peer, float(arg), cfg["prioritized"], rng))
             elif cmd == "warm":
                 peer.warm()
                 emit(ok=True)

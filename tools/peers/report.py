@@ -11,6 +11,7 @@ GB = 1e9
 
 LABELS = {
     ("mmreplay", ""): "mmreplay",
+    ("mmreplay", "kernels"): "mmreplay (kernels)",
     ("torchrl", ""): "TorchRL LazyMemmapStorage",
     ("cpprb", "nstep"): "cpprb, Nstep 3",
     ("cpprb", "1step"): "cpprb, 1-step next_of",
@@ -27,7 +28,7 @@ def fmt_rate(x: float) -> str:
 
 
 def report(units: list[Any], source: str, installed: dict[str, list[list[str]]], args: Any,
-           minutes: float, loads: list[float]) -> str:
+           minutes: float, loads: list[float], malloc_rows: list[dict[str, Any]] | None = None) -> str:
     """The `peers` section of BENCHMARKS.md. ``installed``: the pip arguments of each peer installed."""
     rows, checks, notes = [], [], []
     groups: dict[tuple[str, str, int], dict[bool, Any]] = {}
@@ -130,6 +131,7 @@ def report(units: list[Any], source: str, installed: dict[str, list[list[str]]],
         table(["buffer", "capacity", "kind", "obs batch", "rows", "obs wrong", "next wrong", "reward err",
                "termination flag wrong", "next wrong, terminal rows"], checks),
         "",
+        *allocator(units, malloc_rows or [], args),
         "### What was configured",
         "",
         *paragraphs(extra, versions, installed),
@@ -140,6 +142,38 @@ def report(units: list[Any], source: str, installed: dict[str, list[list[str]]],
              f" end: {loads[0]:.1f} and {loads[-1]:.1f} (other work shares this machine: compare rates through"
              " the ratio column, measured in neighbouring windows)."]
     return "\n".join(body)
+
+
+def allocator(units: list[Any], rows: list[dict[str, Any]], args: Any) -> list[str]:
+    """The subsection on the allocator state every buffer process is measured in."""
+    states = sorted({u.info.get("malloc", "?") for u in units if u.info})
+    out = [
+        "### Allocator state: every process as a long-running learner",
+        "",
+        "A batch of 32 Atari stacks is ~1.8 MB (obs and next_obs). glibc serves a request above its mmap",
+        "threshold (128 KB in a new process) with a fresh mmap and unmaps it when it is freed, so in a process",
+        "that just started every batch output costs a new mapping, a page fault per page written and the zeroing",
+        "of every page; freeing such a block also raises the threshold to its size (up to 32 MB), after which those",
+        "sizes come from the heap and are reused. A learner that has trained for a while is in that second",
+        "state. So every buffer process, mmreplay's included, allocates and frees one 16 MB block at",
+        "start-up, before importing anything else (`learner_malloc_state` in tools/peers/common.py; ctypes,",
+        "`malloc` and `free` of the C library); `--malloc fresh` turns it off. State of the processes in this"
+        f" run: {', '.join(states)}.",
+    ]
+    if rows:
+        table_rows = [[LABELS[(r["peer"], r["variant"])], f"{r['capacity']:,}", f"{r['fresh_rate']:,.0f}",
+                       f"{r['fresh_minflt']:,.0f}", f"{r['learner_rate']:,.0f}", f"{r['learner_minflt']:,.0f}",
+                       f"{r['ratio']:.2f}"] for r in rows]
+        out += [
+            "",
+            f"Check (uniform buffers at {rows[0]['capacity']:,}, {args.rounds} alternating windows of"
+            f" {args.seconds:g} s between a process in each state): `sample(32)` per second and minor page faults"
+            " per batch.",
+            "",
+            table(["buffer", "capacity", "fresh process /s", "faults/batch", "learner state /s", "faults/batch",
+                   "learner ÷ fresh"], table_rows),
+        ]
+    return out + [""]
 
 
 def extras(units: list[Any]) -> dict[str, str]:

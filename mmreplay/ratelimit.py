@@ -1,0 +1,443 @@
+"""Samples-per-insert rate limiting, shared live between the writer and every reader process of a store.
+
+The counts live in ``<store>/ratelimit.npy`` (FORMAT.md, "Rate limit"): a plain ``.npy`` file of
+eight little-endian int64 that every process of the store maps:
+
+    0 inserted        transitions stored since the store began (or its last clear())   writer only
+    1 sampled_total   rows ever handed out, by any process; only grows                 samplers, under a lock
+    2 sampled_base    sampled = sampled_total - sampled_base                            writer, under the lock
+    3 size            the writer's len(store), published as it changes                  writer only
+    4 writer_pid      the process that has the store open for writing (0: none)         writer only
+
+Why the writer's ``step()`` needs no lock: samplers check, draw and count under an exclusive ``flock``
+on the file, so their checks and counts are atomic among themselves; ``inserted`` only grows (except
+when the writer resets it under that lock), and ``sampled_total`` only grows. A sampler's check that
+passed against the ``inserted`` it read still holds for any newer value, and the writer's check that
+passed against the ``sampled`` it read holds for any newer one. So both rules hold at every moment:
+
+    sampled <= samples_per_insert * inserted + error_buffer
+    samples_per_insert * inserted <= sampled + error_buffer + samples_per_insert * min_size
+
+and the writer's hot path is a comparison against a bound it recomputes only when it reaches it.
+
+Every store object that is not the writer holds a shared ``flock`` on ``<store>/ratelimit.readers``
+for its lifetime (the kernel drops it when a process dies), so the writer can tell whether anyone
+else could sample: a writer that both samples and steps raises at once instead of waiting on itself.
+
+Crashes: a reader's counted rows stay counted; its locks go with it. A writer that reopens takes
+``inserted`` from the last commit (newer transitions were lost with the crash) and keeps every row
+sampled since that commit (``sampled = committed sampled + sampled_total - committed sampled_total``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import math
+import mmap
+import os
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
+from .options import RateLimit
+
+__all__ = ["RateLimiter", "COUNTERS", "READERS", "initial_files"]
+
+COUNTERS = "ratelimit.npy"
+READERS = "ratelimit.readers"
+SLOTS = 8
+INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID = range(5)
+POLL_MIN, POLL_MAX = 1e-4, 1e-3  # seconds between checks while a call waits (doubling)
+T = TypeVar("T")
+
+
+def _entry_counts(entry: dict[str, Any] | None) -> tuple[int, int, int, int]:
+    """(inserted, sampled, sampled_total, size) of a manifest's ``rate_limit`` entry (zeros if none)."""
+    if not entry:
+        return 0, 0, 0, 0
+    try:
+        return int(entry["inserted"]), int(entry["sampled"]), int(entry["sampled_total"]), int(entry["size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CorruptStoreError(f"manifest.json: malformed rate_limit entry {entry!r} ({exc})") from None
+
+
+def _write_counters(path: str, entry: dict[str, Any] | None) -> None:
+    """Create the counters file from a commit's entry, unless another process made it first."""
+    inserted, sampled, total, size = _entry_counts(entry)
+    values = np.zeros(SLOTS, "<i8")
+    values[[INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE]] = inserted, total, total - sampled, size
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        np.lib.format.write_array(f, values, allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)  # atomic "create if absent": a concurrent opener's file wins
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+
+
+def initial_files(root: str) -> None:
+    """Write the files of a new rate-limited store (all counts zero)."""
+    _write_counters(os.path.join(root, COUNTERS), None)
+    os.close(os.open(os.path.join(root, READERS), os.O_RDONLY | os.O_CREAT, 0o644))
+
+
+class RateLimiter:
+    """The limiter of one open store object (writer or reader); see the module docstring."""
+
+    def __init__(self, root: str, options: RateLimit, entry: dict[str, Any] | None, writer: bool,
+                 pending_lag: int, refresh_every: int) -> None:
+        self.root = root
+        self.options = options
+        self.writer = writer
+        self.sampled_here = False  # this (writing) store handed out rows: it both writes and samples
+        self._spi, self._min, self._eb = options.samples_per_insert, options.min_size, options.error_buffer
+        self._lag = pending_lag  # transitions whose n-step window may still be open at the write head
+        self._refresh = refresh_every
+        self._fd = -1
+        self._readers_fd = -1
+        self._mm: mmap.mmap | None = None
+        self._c: memoryview | None = None
+        self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
+        self._problem = ""  # why counting is impossible here (a read-only directory), if it is
+        self._ins = 0  # writer: inserted, as published
+        self._allowed = -1  # writer: the largest inserted the last sampled count it read allows
+        self._size_due = 0  # writer: inserted count at which the published size is refreshed
+        self._size = -1  # writer: the size last published
+        self._room = 2 * self._eb + self._spi * self._min  # the most rows ever available at once
+        self._map(entry)
+        if writer:
+            self._wc = self._counters()
+            self._adopt(entry)
+        else:
+            self._join_readers()
+        _LIMITERS.add(self)
+
+    # -- files -----------------------------------------------------------------------------------------
+    def _map(self, entry: dict[str, Any] | None) -> None:
+        path = os.path.join(self.root, COUNTERS)
+        try:
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                _write_counters(path, entry)
+                fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            if self.writer or exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+                raise
+            self._problem = (f"{path} cannot be opened for writing ({exc.strerror}), so this reader cannot count"
+                             " the rows it samples; open the store where that file is writable")
+            return
+        try:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                version = np.lib.format.read_magic(f)
+                read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                               else np.lib.format.read_array_header_2_0)
+                shape, fortran, dtype = read_header(f)
+                offset = f.tell()
+            if shape != (SLOTS,) or fortran or dtype != np.dtype("<i8") or offset % 8:
+                raise ValueError(f"holds {dtype}{list(shape)}, expected int64[{SLOTS}]")
+            mm = mmap.mmap(fd, offset + 8 * SLOTS)
+        except (ValueError, OSError) as exc:
+            os.close(fd)
+            raise CorruptStoreError(f"{path}: unreadable rate-limit counters ({exc}); delete the file and reopen"
+                                    " the store: it is recreated from the last commit") from None
+        self._fd, self._mm = fd, mm
+        self._c = memoryview(mm)[offset:offset + 8 * SLOTS].cast("q")
+
+    def _join_readers(self) -> None:
+        """Hold a shared lock on the readers file while open: the writer sees someone could sample."""
+        path = os.path.join(self.root, READERS)
+        for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
+            try:
+                fd = os.open(path, flags, 0o644)
+                break
+            except OSError:
+                continue
+        else:
+            return  # a read-only directory without the file: this reader goes unseen, nothing more
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        self._readers_fd = fd
+
+    def _readers_present(self) -> bool:
+        """Whether any store object other than the writer has the store open (it could sample)."""
+        try:
+            fd = os.open(os.path.join(self.root, READERS), os.O_RDONLY | os.O_CREAT, 0o644)
+        except OSError:
+            return True  # cannot tell: assume someone could, and wait
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # also releases the probe's lock
+        return False
+
+    def _lock(self) -> memoryview:
+        c = self._counters()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return c
+
+    def _unlock(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _counters(self) -> memoryview:
+        if self._c is None:
+            raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+        return self._c
+
+    # -- the writer --------------------------------------------------------------------------------------
+    def _adopt(self, entry: dict[str, Any] | None) -> None:
+        """Take the counts of the last commit, keeping every row sampled since it (see the module docstring)."""
+        inserted, sampled, total, size = _entry_counts(entry)
+        c = self._lock()
+        try:
+            if c[SAMPLED_TOTAL] < total:  # a file older than the commit: the commit's counts
+                c[SAMPLED_TOTAL] = total
+            c[SAMPLED_BASE] = total - sampled
+            c[INSERTED] = inserted
+            c[SIZE] = size
+            c[WRITER_PID] = os.getpid()
+        finally:
+            self._unlock()
+        self._ins = inserted
+        self._allowed = -1
+
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more transitions fit under the bound last computed (the writer's cheap check)."""
+        return self._ins + n <= self._allowed
+
+    def inserting(self, n: int) -> None:
+        """Before a ``step()`` stores ``n`` transitions: returns at once while under the bound last computed,
+        else recomputes it from the shared count and waits until they fit.
+
+        Raises ``RateLimitTimeout`` after ``timeout``, or at once when this store has sampled and no other
+        store object is open to sample (only this process could allow the step).
+        """
+        if self._ins + n > self._allowed and not self._can_insert(n):
+            if self.sampled_here and not self._readers_present():
+                raise RateLimitTimeout(
+                    f"step() is not allowed by the rate limit ({self._insert_blocked(n)}), and no reader store is"
+                    " open: only this store's own sample() could allow it, so waiting would never end. Sample"
+                    " before stepping again (store.can_insert() says when), or sample from reader processes"
+                    " (ReplayStore.open(path, mode='r'))")
+            self._wait(lambda: self._can_insert(n), lambda: self._insert_blocked(n), "step()")
+
+    def _can_insert(self, n: int) -> bool:
+        """Recompute the writer's bound from the shared sampled count; whether ``n`` more fit under it."""
+        c = self._counters()
+        rhs = c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + self._eb + self._spi * self._min
+        allowed = math.floor(rhs / self._spi)
+        while self._spi * (allowed + 1) <= rhs:  # the division may round either way: settle it exactly
+            allowed += 1
+        while self._spi * allowed > rhs:
+            allowed -= 1
+        self._allowed = allowed
+        return self._ins + n <= allowed
+
+    def inserted(self, n: int) -> bool:
+        """``n`` transitions were stored; whether the published size is due for a refresh (sync, then
+        ``publish_size``)."""
+        self._ins += n
+        self._wc[INSERTED] = self._ins
+        return self._ins >= self._size_due
+
+    def publish_size(self, size: int) -> None:
+        """The writer's ``len(store)`` now. While it is below ``min_size`` the next refresh is due once
+        enough transitions could have become sampleable; above it, once per chunk of inserts."""
+        if size == self._size and self._ins < self._size_due:
+            return  # (called after every sync: most of the time nothing changed)
+        self._size = size
+        self._wc[SIZE] = size
+        if size >= self._min:
+            self._size_due = self._ins + self._refresh
+        else:
+            self._size_due = self._ins + max(1, self._min - size - self._lag)
+
+    def reset(self, size: int) -> None:
+        """``clear()``: the counts start again from zero, as in a new store."""
+        c = self._lock()
+        try:
+            c[SAMPLED_BASE] = c[SAMPLED_TOTAL]
+            c[INSERTED] = 0
+        finally:
+            self._unlock()
+        self._ins = 0
+        self._allowed = -1
+        self._size = -1  # publish afresh (the refresh schedule counted the old inserts)
+        self.publish_size(size)
+
+    def state(self) -> dict[str, int]:
+        """The counts a commit records (manifest ``rate_limit``)."""
+        c = self._lock()
+        try:
+            total, base = c[SAMPLED_TOTAL], c[SAMPLED_BASE]
+            return {"inserted": c[INSERTED], "sampled": total - base, "sampled_total": total, "size": c[SIZE]}
+        finally:
+            self._unlock()
+
+    # -- samplers ----------------------------------------------------------------------------------------
+    def check_batch(self, rows: int) -> None:
+        """Refuse a batch the limit can never allow, whatever the processes do (``ValueError``)."""
+        room = self._room
+        if rows > room:
+            raise ValueError(
+                f"a batch of {rows} rows can never be allowed by the rate limit: at most 2 * error_buffer +"
+                f" samples_per_insert * min_size = {room:g} rows are ever available at once; sample smaller"
+                f" batches or create the store with error_buffer >= {math.ceil((rows - self._spi * self._min) / 2):,}")
+
+    def sample(self, rows: int, draw: Callable[[], T]) -> T:
+        """Hand out ``rows`` rows chosen by ``draw()``: waits until the limit allows them, then draws and
+        counts them under the counters' lock, so no other process takes the room between the check and
+        the count, and a refused call draws nothing (the sampling RNG does not move). If ``draw`` raises,
+        nothing is counted.
+
+        Raises ``RateLimitTimeout`` after ``timeout``; on the writing store at once (only its own
+        ``step()`` could allow the rows).
+        """
+        c = self._c
+        if c is None:
+            raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # (the first try inline: this is every sample's path)
+        try:
+            if c[SIZE] >= self._min and c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + rows <= self._spi * c[INSERTED] + self._eb:
+                out = draw()
+                c[SAMPLED_TOTAL] += rows
+                self.sampled_here = self.writer
+                return out
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        return self._sample_waiting(rows, draw)
+
+    def _sample_waiting(self, rows: int, draw: Callable[[], T]) -> T:
+        if self.writer:
+            raise RateLimitTimeout(
+                f"sampling a batch of {rows} from the writing store is not allowed by the rate limit"
+                f" ({self._sample_blocked(rows)}), and only this store's own step() could allow it, so"
+                f" waiting would never end. Step more before sampling (store.can_sample({rows}) says"
+                " when), or sample from reader processes (ReplayStore.open(path, mode='r'))")
+        out: list[T] = []
+
+        def attempt() -> bool:
+            c = self._lock()
+            try:
+                if not self._sample_allowed(c, rows):
+                    return False
+                out.append(draw())
+                c[SAMPLED_TOTAL] += rows
+                return True
+            finally:
+                self._unlock()
+
+        # poll without the lock; take it only when the rows look allowed
+        self._wait(lambda: self.can_sample(rows) and attempt(), lambda: self._sample_blocked(rows),
+                   f"sampling a batch of {rows}")
+        return out[0]
+
+    def _sample_allowed(self, c: memoryview, rows: int) -> bool:
+        return c[SIZE] >= self._min and c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + rows <= self._spi * c[INSERTED] + self._eb
+
+    def can_sample(self, rows: int) -> bool:
+        return self._sample_allowed(self._counters(), rows)
+
+    def can_insert(self, n: int) -> bool:
+        c = self._counters()
+        return self._spi * (c[INSERTED] + n) <= c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + self._eb + self._spi * self._min
+
+    def counts(self) -> dict[str, int]:
+        """``inserted``, ``sampled``, ``size`` and ``writer_pid`` as one consistent reading."""
+        c = self._lock()
+        try:
+            return {"inserted": c[INSERTED], "sampled": c[SAMPLED_TOTAL] - c[SAMPLED_BASE], "size": c[SIZE],
+                    "writer_pid": c[WRITER_PID]}
+        finally:
+            self._unlock()
+
+    # -- waiting and messages -----------------------------------------------------------------------------
+    def _wait(self, attempt: Callable[[], bool], blocked: Callable[[], str], what: str) -> None:
+        timeout = self.options.timeout
+        start = time.monotonic()
+        delay = POLL_MIN
+        while True:
+            waited = time.monotonic() - start
+            if timeout is not None and waited >= timeout:
+                raise RateLimitTimeout(f"{what} waited {timeout:g} s for the rate limit: {blocked()}; raise"
+                                       " RateLimit(timeout=...) to wait longer, or None to wait as long as it takes")
+            time.sleep(delay if timeout is None else min(delay, max(timeout - waited, 0.0)))
+            delay = min(2 * delay, POLL_MAX)
+            if attempt():
+                return
+
+    def _sample_blocked(self, rows: int) -> str:
+        c = self._counters()
+        ins, sampled, size = c[INSERTED], c[SAMPLED_TOTAL] - c[SAMPLED_BASE], c[SIZE]
+        if size < self._min:
+            why = f"len(store) is {size:,}, below min_size={self._min:,}"
+        else:
+            bound = self._spi * ins + self._eb
+            why = (f"sampled {sampled:,} + {rows} rows would exceed samples_per_insert {self._spi:g} x inserted"
+                   f" {ins:,} + error_buffer {self._eb:g} = {bound:,.0f}; the writer must store"
+                   f" ~{math.ceil((sampled + rows - bound) / self._spi):,} more transitions")
+        if not self.writer and c[WRITER_PID] == 0:
+            why += " (no writer has the store open)"
+        return why
+
+    def _insert_blocked(self, n: int) -> str:
+        c = self._counters()
+        sampled = c[SAMPLED_TOTAL] - c[SAMPLED_BASE]
+        bound = sampled + self._eb + self._spi * self._min
+        return (f"samples_per_insert {self._spi:g} x (inserted {self._ins:,} + {n}) would exceed sampled {sampled:,}"
+                f" + error_buffer {self._eb:g} + samples_per_insert x min_size {self._min:,} = {bound:,.0f}; readers"
+                f" must sample ~{math.ceil(self._spi * (self._ins + n) - bound):,} more rows")
+
+    # -- lifetime ----------------------------------------------------------------------------------------
+    def after_fork_in_child(self) -> None:
+        """A forked child samples as a reader: its own lock descriptor (a ``flock`` belongs to an open file,
+        which the child shares with its parent) and its own place among the readers."""
+        if self._fd >= 0:
+            fd = os.open(os.path.join(self.root, COUNTERS), os.O_RDWR)
+            os.close(self._fd)
+            self._fd = fd
+        self.writer = False
+        self.sampled_here = False
+        if self._readers_fd >= 0:  # the parent's open file: closing this copy leaves the parent's lock be
+            os.close(self._readers_fd)
+            self._readers_fd = -1
+        self._join_readers()
+
+    def close(self) -> None:
+        if self._c is not None:
+            if self.writer and self._c[WRITER_PID] == os.getpid():
+                self._c[WRITER_PID] = 0
+            self._c.release()
+            self._c = None
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        for fd in (self._fd, self._readers_fd):
+            if fd >= 0:
+                os.close(fd)
+        self._fd = self._readers_fd = -1
+        _LIMITERS.discard(self)
+
+
+_LIMITERS: weakref.WeakSet[RateLimiter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lim in list(_LIMITERS):
+        try:
+            lim.after_fork_in_child()
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,160 @@
+"""BatchIterator's scheduling, with stand-in draw and copy functions: whoever copies a batch (the prefetch
+thread or the caller), batches come out in draw order, each copied once, errors with their batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from mmreplay.batch import Batch
+from mmreplay.prefetch import BatchIterator, Draw
+
+
+def _batch(i: int) -> Batch:
+    z = np.zeros(1)
+    return Batch(obs=z, action=z, reward=z, next_obs=z, discount=z, terminated=z, truncated=z,
+                 index=np.array([i]), weight=z)
+
+
+class Recorder:
+    def __init__(self, delay: float = 0.0, fail: set[int] | None = None) -> None:
+        self.drawn = 0
+        self.copied: list[int] = []
+        self.threads: list[str] = []
+        self.lock = threading.Lock()
+        self.delay = delay
+        self.fail = fail or set()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def draw(self) -> Draw:
+        d = Draw(np.array([self.drawn]), None, {}, self.drawn)
+        self.drawn += 1
+        return d
+
+    def assemble(self, d: Draw) -> Batch:
+        i = int(d.ids[0])
+        if threading.current_thread().name.startswith("prefetch"):
+            self.gate.wait()  # a prefetch thread that is stuck (descheduled, slow disk) until the gate opens
+        if self.delay:
+            time.sleep(self.delay * ((i * 7919) % 5) / 4)
+        with self.lock:
+            self.copied.append(i)
+            self.threads.append(threading.current_thread().name)
+        if i in self.fail:
+            raise OSError(f"copy of batch {i} failed")
+        return _batch(i)
+
+
+@pytest.fixture
+def executor():
+    ex = ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+    yield ex
+    ex.shutdown(wait=False, cancel_futures=True)
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2, 5])
+@pytest.mark.parametrize("delay", [0.0, 0.002])
+def test_batches_come_out_in_draw_order_each_copied_once(executor, prefetch, delay):
+    rec = Recorder(delay)
+    it = BatchIterator(rec.draw, rec.assemble, executor, prefetch)
+    got = [int(next(it).index[0]) for _ in range(40)]
+    assert got == list(range(40))
+    assert rec.drawn == 40 + prefetch  # batches i .. i+p are drawn when batch i is handed out
+    it.drain()
+    assert sorted(rec.copied) == list(range(40 + prefetch))  # once each, the drawn-ahead ones by drain
+    it.close()
+
+
+def test_prefetch_zero_never_hands_a_copy_to_the_prefetch_thread(executor):
+    rec = Recorder()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 0)
+    for _ in range(10):
+        next(it)
+    assert rec.threads == [threading.current_thread().name] * 10
+
+
+def test_on_cold_data_a_stuck_prefetch_thread_does_not_stop_the_caller(executor):
+    """The prefetch thread is stuck in the oldest batch: while the caller waits for it, the caller copies
+    every other drawn batch itself; once the thread moves on, nothing is copied twice."""
+    rec = Recorder()
+    rec.gate.clear()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 3)
+    it._cold = True  # as after a copy that read the disk (the stand-in copies read nothing)
+    it.COLD_READS = 0  # and stays so
+    it._fill()
+    time.sleep(0.05)  # the prefetch thread takes batch 0 and blocks
+    done: list[int] = []
+    t = threading.Thread(target=lambda: done.extend(int(next(it).index[0]) for _ in range(3)), name="learner")
+    t.start()
+    t.join(0.5)
+    assert t.is_alive() and done == []  # batch 0 is the stuck thread's: the learner waits for it...
+    assert rec.copied == [1, 2, 3] and set(rec.threads) == {"learner"}  # ...having copied the others
+    rec.gate.set()
+    t.join(5.0)
+    assert done == [0, 1, 2]
+    assert [int(next(it).index[0]) for _ in range(5)] == [3, 4, 5, 6, 7]
+    it.drain()
+    assert sorted(rec.copied) == list(range(11))
+    it.close()
+
+
+def test_on_warm_data_the_caller_copies_its_batches_and_the_prefetch_thread_works_while_it_is_away(executor):
+    """Warm (no disk reads): inside next() the caller copies the batch it hands out; the prefetch thread
+    copies ahead only while the caller is away (a learner's step), so a fast caller is not slowed by a
+    second copy competing with its own, and a slow one finds its batches ready."""
+    rec = Recorder()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2)
+    for _ in range(20):  # a tight loop: mostly the caller's own copies
+        next(it)
+    ours = sum(name == threading.current_thread().name for name in rec.threads)
+    assert ours >= 10
+    rec.copied.clear()
+    rec.threads.clear()
+    for _ in range(10):  # a learner step between batches: the prefetch thread has time to copy ahead
+        next(it)
+        time.sleep(0.02)
+    assert sum(name.startswith("prefetch") for name in rec.threads) >= 8
+    it.close()
+
+
+def test_an_error_comes_with_its_batch_and_the_next_ones_still_come(executor):
+    rec = Recorder(fail={3})
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2)
+    assert [int(next(it).index[0]) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(OSError, match="batch 3"):
+        next(it)
+    assert int(next(it).index[0]) == 4
+    it.close()
+
+
+def test_resumed_draws_come_first(executor):
+    rec = Recorder()
+    rec.drawn = 100
+    pending = [Draw(np.array([7]), None, {}, 0), Draw(np.array([8]), None, {}, 1)]
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2, pending)
+    assert [int(next(it).index[0]) for _ in range(4)] == [7, 8, 100, 101]
+    assert [int(d.ids[0]) for d in it.pending()] == [102, 103]
+    it.close()
+
+
+def test_close_drops_unstarted_copies_and_waits_for_running_ones(executor):
+    rec = Recorder()
+    rec.gate.clear()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 4)
+    it._fill()  # five drawn; the prefetch thread takes the oldest and is stuck in it
+    time.sleep(0.05)
+    closer = threading.Thread(target=it.close)
+    closer.start()
+    time.sleep(0.05)
+    assert closer.is_alive()  # waiting for the running copy
+    rec.gate.set()
+    closer.join(5.0)
+    assert not closer.is_alive()
+    assert len(rec.copied) <= 1  # the unstarted ones were dropped, not copied
+    with pytest.raises(StopIteration):
+        next(it)
