@@ -68,8 +68,7 @@ class Index:
         self.slot_id = np.full(size, -1, np.int64)
         self.valid = np.zeros(size, np.bool_)
         self.id2slot = np.full(size, -1, np.int64)
-        self.rows = np.zeros(n_env, np.int64)  # per stream: frame rows written (the chunk log makes it a view
-        # of its per-stream counters; update it in place)
+        self.rows = np.zeros(n_env, np.int64)  # per stream: frame rows written (updated in place)
         self.oldest_row = np.zeros(n_env, np.int64)  # per stream: first retained row
         self.written = 0  # frame rows written by all streams (what ``sync`` compares with)
         self.next_id = 0  # the id the next transition gets
@@ -342,13 +341,13 @@ class Index:
         numpy plan otherwise (streams written apart: rows mapped through the geometry)."""
         geo = self.geo
         rows, oldest = self.rows, self.oldest_row
-        if not (geo.lockstep and (rows == rows[0]).all() and (oldest == oldest[0]).all()):
+        if not geo.lockstep or (geo.num_envs > 1 and (rows.min() != rows.max() or oldest.min() != oldest.max())):
             return self.plan_numpy(slots)
         cfg = self._plan_config
         cfg[native_plan.C_POSITIONS] = geo.positions
-        cfg[native_plan.C_HAS_MISSING] = int(self.has_missing)
-        cfg[native_plan.C_OLDEST_ROW] = int(oldest[0])
-        cfg[native_plan.C_ROWS] = int(rows[0])
+        cfg[native_plan.C_HAS_MISSING] = self.has_missing
+        cfg[native_plan.C_OLDEST_ROW] = oldest.item(0)
+        cfg[native_plan.C_ROWS] = rows.item(0)
         stacks, pad, reward_slots, reward_weights, m, ends = native_plan.plan_batch(
             slots, self.flags, self.epos, self.seq_of_pos, cfg, self.math.gammas)
         return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],

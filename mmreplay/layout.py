@@ -109,10 +109,6 @@ class Geometry:
         """Slots in the ring."""
         return self.positions * self.rows_alloc
 
-    @property
-    def lockstep(self) -> bool:
-        """Laid out as format 1: row r of stream s in chunk ``r // R`` at offset ``s * R + r % R``."""
-        return self._base is not None and not self._base.any()
 
     @property
     def aligned(self) -> bool:
@@ -267,6 +263,8 @@ class Geometry:
         order = held[np.argsort(self.seq_of_pos[held])]
         rs = self.rows_per_stream
         self._base: np.ndarray | None = None
+        # lockstep: laid out as format 1 (row r of stream s in chunk r // R at offset s * R + r % R)
+        self.lockstep = True
         if order.size == 0:
             self._base = np.zeros(self.num_envs, np.int64)
             return
@@ -276,6 +274,7 @@ class Geometry:
         if (self.home[order].all() and (self.limit[order[sealed]] == rs).all()
                 and (self.first_row[order] == base + seqs[:, None] * rs).all()):
             self._base = base
+        self.lockstep = self._base is not None and not self._base.any()
 
     # -- the map ---------------------------------------------------------------------------------------
     def slots(self, s: np.ndarray | int, r: np.ndarray | int) -> np.ndarray:

@@ -92,14 +92,16 @@ class ChunkLog:
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
-        # Per stream, in one block so that one numpy operation accounts for a written row: its rows in the
-        # open chunk, the slot of its next row, the rows left in its extent there, and its rows written
-        # (the index's ``rows`` is a view of the last line).
-        self._ctr = np.zeros((4, schema.num_envs), np.int64)
-        self.fill, self.cur_slot, self.room = self._ctr[0], self._ctr[1], self._ctr[2]
-        self.index.rows = self._ctr[3]
-        self._one_row = np.array([[1], [1], [-1], [1]], np.int64)
-        self._all = np.arange(schema.num_envs, dtype=np.int64)
+        # Per stream, where its rows go in the open chunk, as functions of its row count (so a written row
+        # changes nothing but the index's ``rows``): row r goes to slot ``run_base + r`` while
+        # ``r < run_end`` (the end of its current extent); its first row in the open chunk is ``open_first``.
+        n = schema.num_envs
+        self._run_base = np.zeros(n, np.int64)
+        self._run_end = np.zeros(n, np.int64)
+        self._open_first = np.zeros(n, np.int64)
+        self._base0 = self._end0 = self._rows0 = 0  # stream 0's, as Python ints (the one-stream hot path)
+        self._single = n == 1
+        self._all = np.arange(n, dtype=np.int64)
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
@@ -131,39 +133,55 @@ class ChunkLog:
     # -- writing ---------------------------------------------------------------------------------------
     # A row goes into its stream's current extent of the open chunk. A stream whose extent is full takes
     # another free extent of the chunk; the chunk rolls when none is left (layout.py, FORMAT.md).
+    @property
+    def fill(self) -> np.ndarray:
+        """Rows of each stream in the open chunk."""
+        return self.index.rows - self._open_first
+
     def prepare_row(self) -> int:
         """Slot of the next row of stream 0 (stores with one stream), making room first if needed."""
-        if self.room.item(0) == 0:
+        r = self._rows0
+        if r >= self._end0:
             self._make_room(self._all[:1])
-        return self.cur_slot.item(0)
+        return self._base0 + r
 
     def prepare_rows(self) -> np.ndarray:
         """Slots of the next row of every stream (a batched call), making room first if needed."""
-        if not self.room.all():
+        rows = self.index.rows
+        if (rows >= self._run_end).any():
             self._make_room(self._all)
-        return self.cur_slot.copy()
+        return self._run_base + rows
 
     def prepare_run(self, s: int) -> tuple[int, int]:
         """(slot of stream ``s``'s next row, rows that fit in consecutive slots from there)."""
-        if self.room[s] == 0:
+        r = int(self.index.rows[s])
+        if r >= self._run_end[s]:
             self._make_room(self._all[s:s + 1])
-        return int(self.cur_slot[s]), int(self.room[s])
+        return int(self._run_base[s]) + r, int(self._run_end[s]) - r
 
     def _make_room(self, streams: np.ndarray) -> None:
         """Give every stream of ``streams`` whose extent is full a new one, rolling if too few are free."""
-        need = streams[self.room[streams] == 0]
+        rows = self.index.rows
+        need = streams[rows[streams] >= self._run_end[streams]]
         if self.open_base < 0 or self.index.geo.free_extents(self.chunks[-1].seq) < need.size:
             self._roll()
             need = streams
         geo, seq = self.index.geo, self.chunks[-1].seq
         for s in need.tolist():
-            self.cur_slot[s] = geo.allocate(seq, s, int(self.index.rows[s]))
-            self.room[s] = geo.extent
+            r = int(rows[s])
+            self._run_base[s] = geo.allocate(seq, s, r) - r
+            self._run_end[s] = r + geo.extent
+        self._base0, self._end0 = int(self._run_base[0]), int(self._run_end[0])
 
     def finish_row(self, n_transitions: int) -> None:
         """Account for one row of every stream written, holding ``n_transitions`` transitions."""
-        self._ctr += self._one_row
         idx = self.index
+        if self._single:
+            self._rows0 += 1
+            idx.rows[0] = self._rows0
+        else:
+            idx.rows += 1
+            self._rows0 += 1
         idx.written += self.schema.num_envs
         idx.next_id += n_transitions
         self.chunks[-1].n_transitions += n_transitions
@@ -171,8 +189,10 @@ class ChunkLog:
 
     def finish_run(self, s: int, n_rows: int, n_transitions: int) -> None:
         """Account for ``n_rows`` rows of stream ``s`` written, holding ``n_transitions`` transitions."""
-        self._ctr[:, s] += self._one_row[:, 0] * n_rows
         idx = self.index
+        idx.rows[s] += n_rows
+        if s == 0:
+            self._rows0 += n_rows
         idx.written += n_rows
         idx.next_id += n_transitions
         self.chunks[-1].n_transitions += n_transitions
@@ -228,12 +248,14 @@ class ChunkLog:
             self._close_fd()
             self.ring.protect_chunk(full.seq)
             full.sealed = True
-            full.rows = self.fill.tolist()
-            self.index.seal_chunk(full.seq, self.fill)
+            fill = self.fill
+            full.rows = fill.tolist()
+            self.index.seal_chunk(full.seq, fill)
         self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
         self.index.add_chunk(seq, self.index.rows.copy())
-        self.fill[:] = 0
-        self.room[:] = 0
+        self._open_first[:] = self.index.rows
+        self._run_end[:] = self.index.rows  # no stream has an extent of the new chunk yet
+        self._end0 = int(self._run_end[0])
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum of the full chunk run beside the writer (both release the GIL);
@@ -376,16 +398,20 @@ class ChunkLog:
                                     f" chunks ({exc})") from None
         log.index.restored()
         log.index.rows[:] = rows
+        log._rows0 = int(rows[0])
         log.index.written = int(rows.sum())
         if chunks and not chunks[-1].sealed:
-            log.fill[:] = fill[-1]
+            log._open_first[:] = rows - fill[-1]
+            log._run_end[:] = rows
             geo, e = log.index.geo, log.index.geo.extent
+            pos = chunks[-1].seq % geo.positions
             for s in range(self.schema.num_envs):  # where each stream's next row goes in the open chunk
                 x = int(geo.current[s])
                 if x >= 0:
-                    used = int(fill[-1][s]) - (int(np.count_nonzero(geo.owner[chunks[-1].seq % geo.positions] == s)) - 1) * e
-                    log.cur_slot[s] = (chunks[-1].seq % geo.positions) * self.schema.rows_alloc + x * e + used
-                    log.room[s] = e - used
+                    used = int(fill[-1][s]) - (int(np.count_nonzero(geo.owner[pos] == s)) - 1) * e
+                    log._run_base[s] = pos * self.schema.rows_alloc + x * e - (int(rows[s]) - used)
+                    log._run_end[s] = int(rows[s]) - used + e
+            log._base0, log._end0 = int(log._run_base[0]), int(log._run_end[0])
         log._rebuild_index(first, fill, tails)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])

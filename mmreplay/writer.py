@@ -188,9 +188,12 @@ class EpisodeWriter:
     def _append_step(self, frame: np.ndarray, act: Any, rew: Any, f: int, xs: dict[str, np.ndarray]) -> None:
         """Write one validated transition of the unbatched stream (``f``: its disk flag bits)."""
         log = self._log
-        slot = self._prepare(log.prepare_row)
+        slot = log.prepare_row()
+        if self._arrays is not log.ring.arrays:  # a roll grew the ring: new views
+            self._arrays = log.ring.arrays
         arrays = self._arrays
-        log.write_frame(slot, self._contiguous(frame))
+        log.write_frame(slot, frame if frame.dtype == self._obs_dtype and frame.flags.c_contiguous
+                        else np.ascontiguousarray(frame, self._obs_dtype))
         arrays["action"][slot] = act
         arrays["reward"][slot] = rew
         arrays["flags"][slot] = f

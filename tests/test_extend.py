@@ -394,3 +394,16 @@ def test_blocks_take_quantized_frames_count_against_a_rate_limit_and_survive_cle
         assert t.complete.sum() == 1 and int(t.length[t.complete][0]) == 6  # only stream 0's new episode
         assert store.sampleable_ids().min() >= 13  # nothing from before the clear
     store.close()
+
+
+def test_a_stream_that_took_another_streams_extents_is_planned_through_the_geometry(tmp_path):
+    """Regression: stream 0 fills its home section and takes free extents of stream 1's, stream 1 then
+    moves on to a new chunk; rows must come from where each stream's rows are (not format 1's arithmetic)."""
+    cfg = dict(num_envs=2, stack=1, n_step=1, gamma=0.9, pad="zeros", chunk_size=16, capacity=1, extras=EXTRAS)
+    pair = make_pair(str(tmp_path / "s"), **cfg)
+    pair.store.reset(o := pair.frame(2))
+    pair.model.reset(o)
+    _drive(pair, [(0, 0, 1, 0), (0, 0, 1, 0), (0, 0, 6, 0), (0, 0, 6, 0), (0, 1, 7, 0), (0, 1, 7, 0)], 2,
+           np.random.default_rng(0), check_every=1)
+    assert pair.store.inspect()["holes"] == 0
+    pair.store.close()
