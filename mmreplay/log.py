@@ -5,6 +5,14 @@ newest (open) chunk; a full chunk is sealed (fsynced, checksummed, made
 read-only); capacity is enforced by retiring whole old chunks; the ring of
 mapped chunks grows if short episodes make chunks hold fewer transitions
 than planned. It knows nothing about episodes' user-facing rules or sampling.
+
+Compressed stores: the background sealer also writes a sealed chunk's
+compressed frame file (durably, under its final name only when complete).
+The writer's thread then switches the chunk's frames to that file (after
+background readers finish) at the next roll, commit, save or close. The raw
+frame file goes at once if no commit lists the chunk, otherwise at the first
+commit that lists it compressed (the rule of retired chunks: the last commit
+always stays restorable).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from .index import DISK_FLAGS, START, Geometry, Index
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
-from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
+from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
 
 
 @dataclass
@@ -36,11 +44,26 @@ class ChunkInfo:
     n_tx: int  # transitions whose next frame is in this chunk
     sealed: bool = False
     crc32: dict[str, int] | None = None
+    frames: dict[str, Any] | None = None  # a compressed chunk's frame file: {codec, bytes, crc32c}
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
-                "sealed": self.sealed, "crc32": self.crc32}
+        out = {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_tx,
+               "sealed": self.sealed, "crc32": self.crc32}
+        if self.frames is not None:
+            out["frames"] = self.frames
+        return out
+
+
+def _frames_entry(c: dict[str, Any], schema: Schema) -> dict[str, Any] | None:
+    """A manifest chunk entry's ``frames`` (compressed frame file), checked against the schema."""
+    frames = c.get("frames")
+    if frames is None:
+        return None
+    if not isinstance(frames, dict) or frames.get("codec") != schema.compression:
+        raise ValueError(f"chunk {c.get('name')}: frames {frames!r} do not match the store's compression"
+                         f" {schema.compression!r}")
+    return {"codec": str(frames["codec"]), "bytes": int(frames["bytes"]), "crc32c": int(frames["crc32c"])}
 
 
 def initial_positions(schema: Schema) -> int:
@@ -68,12 +91,13 @@ class ChunkLog:
         self.next_id = 0
         self.retained_tx = 0
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
+        self.raw_to_delete: list[str] = []  # raw frame files of compressed chunks the last commit lists raw
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
-        self._sealing: tuple[ChunkInfo, Future[dict[str, int]]] | None = None
+        self._sealing: tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]] | None = None
         # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
         # ``on_resize`` with the new number of positions after the ring grew.
         self.on_cleared: SlotsCallback | None = None
@@ -153,9 +177,14 @@ class ChunkLog:
         self.seq_of_pos[seq % self.ring.positions] = seq
         self._open_writable(self.chunks[-1])
         if full is not None:
-            # fsync + checksum of the full chunk run beside the writer (both release the GIL);
-            # whatever needs the result or unmaps chunks (commit, the next roll, close) waits first.
-            self._sealing = (full, self._sealer().submit(self.ring.finish_seal, full.seq))
+            # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
+            # GIL); whatever needs the result or unmaps chunks (commit, the next roll, close) waits first.
+            self._sealing = (full, self._sealer().submit(self._seal, full.seq))
+
+    def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file."""
+        crcs = self.ring.finish_seal(seq)
+        return crcs, self.ring.compress_chunk(seq) if self.ring.codec else None
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()
@@ -200,11 +229,24 @@ class ChunkLog:
         return self._executor
 
     def wait_sealed(self) -> None:
-        """Finish the background seal of the last full chunk (raises its OSError, if any)."""
+        """Finish the background seal of the last full chunk (raises its OSError, if any); a compressed
+        chunk's frames are read from its compressed file from then on."""
         if self._sealing is not None:
             info, fut = self._sealing
             self._sealing = None
-            info.crc32 = fut.result()
+            info.crc32, frames = fut.result()
+            if frames is not None:
+                self._use_compressed(info, frames)
+
+    def _use_compressed(self, info: ChunkInfo, frames: dict[str, Any]) -> None:
+        if self.before_unmap is not None:
+            self.before_unmap()  # no background copy may be reading the raw frames we unmap
+        self.ring.use_compressed(info.seq, int(frames["bytes"]))
+        info.frames = frames
+        if info.committed:
+            self.raw_to_delete.append(info.name)  # the last commit reads the raw file
+        else:
+            self.ring.delete_raw_frames(info.name)
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
@@ -220,9 +262,12 @@ class ChunkLog:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
         for name in self.to_delete:
             self.ring.delete_files(name)
-        if self.to_delete:
+        for name in self.raw_to_delete:
+            self.ring.delete_raw_frames(name)
+        if self.to_delete or self.raw_to_delete:
             fsync_dir(os.path.join(self.root, "chunks"))
         self.to_delete = []
+        self.raw_to_delete = []
         for c in self.chunks:
             c.committed = True
 
@@ -233,10 +278,13 @@ class ChunkLog:
         mpath = os.path.join(root, "manifest.json")
         try:
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
-                                bool(c["sealed"]), c["crc32"], committed=True) for c in body["chunks"]]
+                                bool(c["sealed"]), c["crc32"], _frames_entry(c, schema), committed=True)
+                      for c in body["chunks"]]
             rows, next_id = int(body["rows"]), int(body["next_id"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
+        if any(c.frames is not None and not c.sealed for c in chunks):
+            raise CorruptStoreError(f"{mpath}: an open chunk is listed with compressed frames")
         rs = schema.rows_per_stream
         seqs = [c.seq for c in chunks]
         if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows != 0:
@@ -264,7 +312,8 @@ class ChunkLog:
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
         for c in chunks:
-            log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
+            log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed,
+                               compressed_bytes=None if c.frames is None else int(c.frames["bytes"]))
             log.seq_of_pos[c.seq % positions] = c.seq
         log.index.rows = rows
         log._rebuild_index()
@@ -310,10 +359,13 @@ class ChunkLog:
     def remove_strays(self) -> None:
         """Delete chunk files the manifest does not list (a crashed run's leftovers, temp copies)."""
         base = os.path.join(self.root, "chunks")
-        keep = {c.name for c in self.chunks}
+        columns = [col.name for col in self.ring.columns]
+        # exactly the files the manifest refers to: a compressed chunk's raw frame file goes too, and
+        # so does a compressed file the manifest does not list (a crash before the commit that would)
+        keep = {os.path.basename(p) for c in self.chunks for p in chunk_files(self.root, c.to_json(), columns)}
         removed = False
         for filename in os.listdir(base):
-            if chunk_of_file(filename) not in keep or filename.endswith(".tmp"):
+            if filename not in keep:
                 try:
                     os.unlink(os.path.join(base, filename))
                 except (FileNotFoundError, IsADirectoryError, PermissionError):

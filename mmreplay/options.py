@@ -114,6 +114,7 @@ class Schema:
     pad: str = "zeros"
     chunk_size: int = 0
     prioritized: Prioritized | None = None
+    compression: str | None = None  # codec of sealed chunks' frames ("lz4"), None = raw
 
     @classmethod
     def build(
@@ -132,6 +133,7 @@ class Schema:
         pad: Any = "zeros",
         chunk_size: Any = None,
         prioritized: Any = None,
+        compression: Any = "auto",
     ) -> Schema:
         """Validate user-facing ``create()`` arguments and pick the defaults that depend on others."""
         capacity = _int("capacity", capacity, 1)
@@ -182,7 +184,8 @@ class Schema:
         if prioritized is not None and not isinstance(prioritized, Prioritized):
             raise TypeError(f"prioritized must be mr.Prioritized(...) or None, got {prioritized!r}")
         return cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
-                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized)
+                   tuple(specs), num_envs, vector, pad, chunk_size, prioritized,
+                   resolve_compression(compression, obs_shape, obs_dtype))
 
     @property
     def frame_bytes(self) -> int:
@@ -214,6 +217,7 @@ class Schema:
             "pad": self.pad,
             "chunk_size": self.chunk_size,
             "prioritized": None if self.prioritized is None else self.prioritized.to_json(),
+            "compression": self.compression,
         }
 
     @classmethod
@@ -225,7 +229,23 @@ class Schema:
             extras={k: (tuple(v[0]), v[1]) for k, v in d["extras"].items()},
             num_envs=d["num_envs"], vector=d["vector"], pad=d["pad"], chunk_size=d["chunk_size"],
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
+            compression=d.get("compression"),  # stores written before compression existed: raw frames
         )
+
+
+CODECS = ("lz4",)
+
+
+def resolve_compression(value: Any, obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> str | None:
+    """``compression=`` of ``create()``: ``"auto"`` compresses image observations (uint8 with two or more
+    dims) with LZ4 and keeps others raw; ``None`` keeps frames raw; a codec name picks that codec."""
+    if value is None:
+        return None
+    if value == "auto":
+        return "lz4" if obs_dtype == np.uint8 and len(obs_shape) >= 2 else None
+    if isinstance(value, str) and value in CODECS:
+        return value
+    raise ValueError(f"compression: expected 'auto', None or one of {CODECS}, got {value!r}")
 
 
 _RESERVED = frozenset({"obs", "action", "reward", "flags", "next_obs", "discount", "terminated",

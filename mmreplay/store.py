@@ -109,7 +109,7 @@ class ReplayStore(WriterMixin):
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._snapshots: list[dict[str, Any]] = list(manifest.get("snapshots") or [])
         self._arrays: dict[str, np.ndarray] = log.ring.arrays
-        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads)
+        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, ring=log.ring)
         log.before_unmap = self._drain
         if prio is not None:
             log.on_cleared = prio.clear
@@ -122,19 +122,23 @@ class ReplayStore(WriterMixin):
                action_dtype: Any = "int64", extras: dict[str, Any] | None = None, num_envs: int = 1,
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
-               read_threads: int | None = None, metadata: dict[str, Any] | None = None) -> ReplayStore:
+               read_threads: int | None = None, metadata: dict[str, Any] | None = None,
+               compression: str | None = "auto") -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
         frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
         any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
+        ``compression``: ``"auto"`` keeps the frames of sealed chunks LZ4-compressed on disk when the
+        observations are images (uint8 with two or more dims), ``None`` keeps them raw, ``"lz4"`` always
+        compresses; rows read back are the same either way (see ``store.compression``).
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
                               n_step=n_step, gamma=gamma, action_shape=action_shape, action_dtype=action_dtype,
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
-                              prioritized=prioritized)
+                              prioritized=prioritized, compression=compression)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
@@ -225,6 +229,11 @@ class ReplayStore(WriterMixin):
     @property
     def num_envs(self) -> int:
         return self._schema.num_envs
+
+    @property
+    def compression(self) -> str | None:
+        """The codec of sealed chunks' frames on disk (``"lz4"``), or None when they are kept raw."""
+        return self._schema.compression
 
     @property
     def id_range(self) -> tuple[int, int]:
@@ -545,7 +554,7 @@ class ReplayStore(WriterMixin):
         last = np.full(n, log.rows - 1, np.int64)
         epos = log.index.epos[log.stream_slots(log.rows - 1)].astype(np.int64)
         slots, pad = log.index.stack_slots(s, last, epos)
-        frames = self._arrays["obs"][slots]
+        frames = self._reader.take(slots)
         frames[pad] = 0
         return frames if self._schema.vector else frames[0]
 
@@ -569,7 +578,7 @@ class ReplayStore(WriterMixin):
             raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
         rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
         self._check_rows_retained(rows)
-        return self._arrays["obs"][self._log.index.geo.slots(int(table.stream[i]), rows)]
+        return self._reader.take(self._log.index.geo.slots(int(table.stream[i]), rows))
 
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""

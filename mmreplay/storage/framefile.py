@@ -176,11 +176,8 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     tmp = path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
     try:
-        view = memoryview(body.data).cast("B")
-        view = view[os.write(fd, view):]
-        while view:
-            view = view[os.write(fd, view):]
-        os.write(fd, crc.to_bytes(4, "little"))
+        _write_all(fd, memoryview(body.data).cast("B"))
+        _write_all(fd, memoryview(crc.to_bytes(4, "little")))
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -194,6 +191,11 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
         _unlink(tmp)
         raise
     return len(body) + TRAILER, crc
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _unlink(path: str) -> None:

@@ -16,7 +16,11 @@ from typing import Any
 from ..errors import CorruptStoreError, FormatVersionError, NotAStoreError, StoreNotFoundError
 
 FORMAT_NAME = "mmreplay-store"
-FORMAT_VERSION = 1
+# 1: frames raw (``obs.npy`` chunk files). 2: the schema names a compression codec; sealed chunks may
+# keep their frames in compressed frame files. A store with raw frames is still written as version 1,
+# so older mmreplay versions keep reading it; a compressed one needs a reader of version >= 2.
+FORMAT_VERSION = 2
+RAW_FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 
 
@@ -48,8 +52,13 @@ def write_atomic(path: str, data: bytes) -> None:
     fsync_dir(directory)
 
 
+def format_version(body: dict[str, Any]) -> int:
+    """The version a manifest body is written with: the lowest that describes it."""
+    return FORMAT_VERSION if (body.get("schema") or {}).get("compression") else RAW_FORMAT_VERSION
+
+
 def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -> None:
-    body = dict(body, format=FORMAT_NAME, format_version=FORMAT_VERSION)
+    body = dict(body, format=FORMAT_NAME, format_version=format_version(body))
     doc = dict(body, checksum=zlib.crc32(_canonical(body)))
     write_atomic(os.path.join(directory, name), _readable(doc))
 
