@@ -114,3 +114,33 @@ def _x86_crc(name: str, width: int) -> Any:
 # The SSE4.2 CRC-32C instructions: one step over 8 bytes, and over 1 byte (x86-64 only).
 crc32c_u64 = _x86_crc("llvm.x86.sse42.crc32.64.64", 64)
 crc32c_u8 = _x86_crc("llvm.x86.sse42.crc32.32.8", 8)
+
+
+@intrinsic
+def copy16(typingctx: Any, dst: Any, d: Any, src: Any, s: Any) -> Any:
+    """``dst[d:d+16] = src[s:s+16]`` as one unaligned 16-byte load and store (the spans may overlap: the
+    load happens first)."""
+    sig = types.void(dst, d, src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        i128p = ir.IntType(128).as_pointer()
+        ps = builder.bitcast(_byte_ptr(context, builder, sig.args[2], args[2], args[3]), i128p)
+        pd = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), i128p)
+        builder.store(builder.load(ps, align=1), pd, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx: Any, src: Any, s: Any) -> Any:
+    """Hint the CPU to bring the cache line holding ``src[s]`` in (for reading); never faults."""
+    sig = types.void(src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
+        p = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.call(fn, [p, i32(0), i32(3), i32(1)])
+
+    return sig, codegen

@@ -34,7 +34,7 @@ import numba as nb
 import numpy as np
 from numba.cpython.unsafe.numbers import trailing_zeros
 
-from ._mem import copy, crc32c_u8, crc32c_u64, fill, load1, load8, store1, store8
+from ._mem import copy, copy16, crc32c_u8, crc32c_u64, fill, load1, load8, prefetch, store1, store8
 from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4, KIND_RAW
 
 MIN_MATCH = 4
@@ -117,9 +117,10 @@ crc32c = _crc32c_sse42 if HARDWARE_CRC else _crc32c_tables
 def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, oend: int) -> int:
     """Decode the LZ4 block ``src[ip:iend]`` into exactly ``out[o0:oend]``; returns 0, or ``E_STREAM``.
 
-    Every read and write is checked against these bounds, whatever the input holds. Copies move 8 bytes
-    at a time and may write up to 7 bytes beyond what they need when there is room before ``oend``: what
-    follows overwrites them (so a block decodes the same wherever its output lies).
+    Every read and write is checked against these bounds, whatever the input holds. Copies move 16 or 8
+    bytes at a time and may write up to 15 bytes beyond what they need when there is room before
+    ``oend`` (never past it): what follows overwrites them, so a block decodes the same wherever its
+    output lies.
     """
     op = o0
     while True:
@@ -130,8 +131,7 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
         # literals
         ll = token >> 4
         if ll < 15 and iend - ip >= 16 and oend - op >= 16:
-            store8(out, op, load8(src, ip))
-            store8(out, op + 8, load8(src, ip + 8))
+            copy16(out, op, src, ip)
         else:
             if ll == 15:
                 while True:
@@ -168,14 +168,13 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
         if off == 0 or off > op - o0 or ml > oend - op:
             return E_STREAM
         s = op - off
-        if off >= 8:  # each 8-byte step reads bytes that are already final
-            if oend - op >= 24:
-                store8(out, op, load8(out, s))
-                store8(out, op + 8, load8(out, s + 8))
-                store8(out, op + 16, load8(out, s + 16))
-                j = 24
-            else:
-                j = 0
+        if off >= 16 and oend - op - ml >= 16:  # 16-byte steps, each reading bytes already final
+            j = 0
+            while j < ml:
+                copy16(out, op + j, out, s + j)
+                j += 16
+        elif off >= 8:  # 8-byte steps, each reading bytes already final
+            j = 0
             while j < ml:
                 if oend - op - j >= 8:
                     store8(out, op + j, load8(out, s + j))
@@ -244,6 +243,23 @@ def _frame(slot: int, out: np.ndarray, o0: int, raw: np.ndarray, comp: np.ndarra
 
 
 @nb.njit(nogil=True, cache=True)
+def _prefetch_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp: np.ndarray, comp64: np.ndarray,
+                  kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int) -> None:
+    k = obs_slots.shape[1]
+    for j in range(2 * k):
+        slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
+        pos = slot // rows_alloc
+        if slot < 0 or pos >= kind.size or kind[pos] != KIND_LZ4:
+            continue
+        base = pos * cstride
+        rec = base + table[pos] + 16 * (slot - pos * rows_alloc)
+        start = comp64[rec // 8]  # a read, not a hint: the record is needed now to know where to hint
+        if 0 <= start < cstride:
+            prefetch(comp, base + start)
+            prefetch(comp, base + start + 64)
+
+
+@nb.njit(nogil=True, cache=True)
 def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int, out: np.ndarray,
                  raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray,
                  data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
@@ -252,6 +268,8 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
     copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
     b, k = obs_slots.shape
     for r in range(r0, r1):
+        if r + 1 < r1:  # the next row's records and entries: their cache misses overlap this row's work
+            _prefetch_row(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
         for j in range(k):
             slot = obs_slots[r, j]
             err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc,
