@@ -73,6 +73,7 @@ def initial_positions(schema: Schema) -> int:
 
 
 SlotsCallback = Callable[[np.ndarray], None]
+MAX_SEALING = 4  # full chunks whose background seal may be in flight at once
 
 
 class ChunkLog:
@@ -97,7 +98,8 @@ class ChunkLog:
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
-        self._sealing: tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]] | None = None
+        # Background seals in flight, oldest first (one sealer thread: they finish in this order).
+        self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
         # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
         # ``on_resize`` with the new number of positions after the ring grew.
         self.on_cleared: SlotsCallback | None = None
@@ -158,14 +160,19 @@ class ChunkLog:
         Ordered so that a failure (a full disk when creating the new chunk's files) leaves a
         consistent log: the full chunk stays the open one and no half-made chunk is listed.
         """
-        self.wait_sealed()
+        # Seals may lag behind by a few chunks (a slow fsync or a busy core must not stall step());
+        # a chunk is never unmapped or remapped while its seal still reads it.
+        self._reap(block=len(self._sealing) >= MAX_SEALING)
         if self.before_unmap is not None:
             self.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
         # The new chunk (no transitions yet) counts as newer than every retained one.
         while self.chunks and self.retained_tx - self.chunks[0].n_tx - hist >= cap:
+            if any(info is self.chunks[0] for info, _ in self._sealing):
+                self._reap(block=True)
             self._retire_oldest()
         if len(self.chunks) + 1 > self.ring.positions:
+            self._reap(block=True)
             self._grow()
         self.ring.create_chunk(seq)
         full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
@@ -178,8 +185,9 @@ class ChunkLog:
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
-            # GIL); whatever needs the result or unmaps chunks (commit, the next roll, close) waits first.
-            self._sealing = (full, self._sealer().submit(self._seal, full.seq))
+            # GIL); whatever needs the result or unmaps the chunk (commit, save, close, retiring or
+            # growing) waits first.
+            self._sealing.append((full, self._sealer().submit(self._seal, full.seq)))
 
     def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
         """The background part of sealing (the sealer thread): CRCs, and the compressed frame file."""
@@ -229,11 +237,14 @@ class ChunkLog:
         return self._executor
 
     def wait_sealed(self) -> None:
-        """Finish the background seal of the last full chunk (raises its OSError, if any); a compressed
+        """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
         chunk's frames are read from its compressed file from then on."""
-        if self._sealing is not None:
-            info, fut = self._sealing
-            self._sealing = None
+        self._reap(block=True)
+
+    def _reap(self, block: bool) -> None:
+        """Take the results of the background seals that finished (``block``: of all, waiting)."""
+        while self._sealing and (block or self._sealing[0][1].done()):
+            info, fut = self._sealing.popleft()
             info.crc32, frames = fut.result()
             if frames is not None:
                 self._use_compressed(info, frames)

@@ -41,7 +41,7 @@ def test_kill_during_compression(tmp_path, moment, generation):
             break
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
-    assert seen == ["C"] * generation + ["M"], seen
+    assert seen[-1] == "M" and seen.count("C") >= generation, seen  # "C": a commit was about to start
     leftovers = set(os.listdir(os.path.join(path, "chunks"))) - _listed_files(path)
     assert leftovers  # the crash left something behind: a .tmp, an unlisted .obs.lz4 or a raw file
     replica = mr.ReplayStore.create(tmp_path / "raw", compression=None, **KW)

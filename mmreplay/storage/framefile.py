@@ -291,9 +291,10 @@ def decode_all(path: str, buf: np.ndarray, frames: int, frame_bytes: int, native
 
 
 def verify_file(path: str, entry: dict[str, Any], dtype: np.dtype, shape: tuple[int, ...], frames: int,
-                raw_crc32: int | None) -> list[str]:
+                raw_crc32: int | None = None) -> list[str]:
     """Problems of a compressed frame file against its manifest ``entry``: presence, header, size, the
-    CRC-32C of its bytes, every frame decoding, and (``raw_crc32``) the CRC-32 of the decoded frames."""
+    CRC-32C of its bytes, every frame decoding (with its CRC-32C), and (``raw_crc32``, if the manifest
+    recorded one) the CRC-32 of the decoded frames."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:

@@ -315,14 +315,15 @@ class ChunkRing:
                     span = self._ranges[col.name].bytes_view(pos * cb, self._file_bytes(col))
                 span[::PAGE].sum()
 
-    def sync_chunk(self, seq: int) -> None:
-        """Write the chunk's dirty pages to disk: ``fsync`` of each column file.
+    def sync_chunk(self, seq: int, frames: bool = True) -> None:
+        """Write the chunk's dirty pages to disk: ``fsync`` of each column file (``frames=False``: all but
+        the raw frames).
 
         Pages dirtied through a shared mapping are tracked by the page cache (write-notify
         faults), so ``fsync`` on the file covers them; no separate ``msync`` is needed.
         """
         name = self.mapped[seq]
-        for col in self.columns:
+        for col in self.columns if frames else self.columns[1:]:
             fsync_path(self.file_path(name, col))
 
     def protect_chunk(self, seq: int) -> None:
@@ -335,13 +336,17 @@ class ChunkRing:
     def finish_seal(self, seq: int) -> dict[str, int]:
         """fsync a protected chunk, mark its files read-only and return each column's CRC-32.
 
+        In a compressed store the raw frames are left out (not fsynced, no CRC-32): the commit that
+        lists the sealed chunk lists its compressed frame file, which is durable and checksummed itself
+        (and checked to decode to these frames), so the raw file is only ever read until then; it is
+        usually deleted before its dirty pages reach the disk.
         Thread-safe with respect to the writer as long as the chunk stays mapped: it only reads.
         """
-        self.sync_chunk(seq)
+        self.sync_chunk(seq, frames=not self.codec)
         name = self.mapped[seq]
         pos = seq % self.positions
         crcs = {}
-        for col in self.columns:
+        for col in self.columns[1:] if self.codec else self.columns:
             view = self._ranges[col.name].bytes_view(pos * self._chunk_bytes(col), self.schema.chunk_size * col.row_bytes)
             crcs[col.name] = zlib.crc32(view.data)
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
