@@ -22,7 +22,7 @@ from .errors import CorruptStoreError
 from .native.codes import E_UNMAPPED, ERRORS, KIND_LZ4, KIND_RAW
 from .storage import framefile
 from .storage.ring import ChunkRing
-from .storage.vmem import PAGE, RangeAdvisor
+from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
 
 class FramePool:
@@ -56,6 +56,14 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
+    advisor = RangeAdvisor()
+    try:
+        advisor.willneed(starts, ends)
+    finally:
+        advisor.close()
+
+
 _KERNELS: list[ModuleType | None] = []
 
 
@@ -85,6 +93,7 @@ class FrameReader:
     faults (faults that had to wait for the disk) during a plain gather: from ``COLD_FAULTS`` on,
     batches are requested first; every ``PROBE_EVERY`` such batches one goes without, to notice
     the data turning warm again. (Counting faults, not timing, keeps a busy CPU from looking cold.)
+    A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead``).
     """
 
     MIN_SPLIT_BYTES = 256 * 1024  # below this, handing work to a thread costs more than it saves
@@ -106,6 +115,7 @@ class FrameReader:
         self._executor: ThreadPoolExecutor | None = None
         self._advisor = RangeAdvisor()
         self._cold_batches = 0  # > 0: requesting first; counts down to the next plain probe
+        self._read_ahead_started = False
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
@@ -125,6 +135,7 @@ class FrameReader:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
             elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
+                self._read_ahead()
         return both[0], both[1]  # C-contiguous views of one buffer
 
     def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
@@ -142,6 +153,21 @@ class FrameReader:
         np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
         for f in futures:
             f.result()
+
+    def _read_ahead(self) -> None:
+        """Once per reader, when reads turn out cold in a store with compressed chunks: have the kernel
+        read every compressed frame file and small column file into the page cache, in the background,
+        if together they fit in half the memory this process can use (``memory_budget``: its cgroup's
+        limit counts). Compression is what lets a whole store fit in memory; one sequential read of it
+        then beats faulting it in a few pages per batch (the per-batch requests go on meanwhile)."""
+        ring = self._ring
+        if self._read_ahead_started or ring is None or not ring.compressed:
+            return
+        self._read_ahead_started = True
+        starts, ends = ring.readahead_spans()
+        if int((ends - starts).sum()) > memory_budget() // 2:
+            return
+        threading.Thread(target=_advise, args=(starts, ends), daemon=True, name="mmreplay-readahead").start()
 
     def _kernel_args(self) -> tuple[Any, ...]:
         ring = self._ring

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import mmreplay as mr
 from mmreplay.storage import framefile
+from mmreplay.storage.vmem import memory_budget
 
 FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
 
@@ -364,3 +365,26 @@ def test_exports_and_imports_are_the_same_as_a_raw_stores(tmp_path):
                            progress=False) as back:
         assert back.compression == "lz4"  # imports go through create(): image frames are compressed
         assert any(f.endswith(".obs.lz4") for f in _files(back.path))
+
+
+def test_cold_reads_request_compressed_ranges_and_read_ahead(tmp_path, monkeypatch):
+    c, r = pair(tmp_path, capacity=300, obs_shape=(8, 8), stack=4, n_step=3, chunk_size=32, seed=2)
+    drive([c, r], 400, 9)
+    c.close()
+    r.close()
+    for root, _, files in os.walk(tmp_path / "lz4"):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+    from mmreplay.reader import FrameReader
+
+    monkeypatch.setattr(FrameReader, "COLD_FAULTS", 0)  # every batch looks cold
+    with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw", mode="r") as r:
+        for reader in (c._reader, r._reader):
+            assert reader.prefetch_io == "auto"
+        assert_same_rows(c, r)  # batches after the first go through request() of compressed ranges
+        assert c._reader._cold_batches > 0 and c._reader._read_ahead_started
+        c._reader.prefetch_io = True
+        assert_same_rows(c, r)
+    assert memory_budget() > 0

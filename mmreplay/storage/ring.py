@@ -303,6 +303,20 @@ class ChunkRing:
             return self.compressed_path(name)
         return self.file_path(name, self.columns[0])
 
+    def readahead_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """Address ranges ``(starts, ends)`` of every compressed frame file and every small column file
+        mapped (not raw frames): what a cold reader of a compressed store reads ahead."""
+        spans = []
+        for seq in sorted(self.mapped):
+            pos = seq % self.positions
+            if seq in self.compressed:
+                spans.append((self.comp_bytes.ctypes.data + pos * self.cstride, self.compressed[seq]))
+            for col in self.columns[1:]:
+                cb = self._chunk_bytes(col)
+                spans.append((self.arrays[col.name].ctypes.data + pos * cb, self._file_bytes(col)))
+        starts = np.array([a for a, _ in spans], np.int64)
+        return starts, starts + np.array([n for _, n in spans], np.int64)
+
     def touch(self) -> None:
         """Read one byte per page of every mapped file (benchmarks: page tables populated, pages cached)."""
         for seq in list(self.mapped):
