@@ -17,6 +17,7 @@ always stays restorable).
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -72,6 +73,7 @@ def initial_positions(schema: Schema) -> int:
     return -(-need // schema.chunk_size) + 2
 
 
+logger = logging.getLogger(__name__)
 SlotsCallback = Callable[[np.ndarray], None]
 MAX_SEALING = 4  # full chunks whose background seal may be in flight at once
 
@@ -190,9 +192,21 @@ class ChunkLog:
             self._sealing.append((full, self._sealer().submit(self._seal, full.seq)))
 
     def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
-        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file."""
+        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file.
+
+        A disk error (``OSError``) propagates: the store turns read-only. Anything else going wrong while
+        compressing leaves the chunk raw, its frames made durable and checksummed like a raw store's.
+        """
         crcs = self.ring.finish_seal(seq)
-        return crcs, self.ring.compress_chunk(seq) if self.ring.codec else None
+        if not self.ring.codec:
+            return crcs, None
+        try:
+            return crcs, self.ring.compress_chunk(seq)
+        except OSError:
+            raise
+        except Exception:
+            logger.exception("compressing chunk %s failed; its frames stay raw", self.ring.mapped.get(seq))
+            return {**crcs, **self.ring.finish_seal_frames(seq)}, None
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()

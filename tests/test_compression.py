@@ -388,3 +388,31 @@ def test_cold_reads_request_compressed_ranges_and_read_ahead(tmp_path, monkeypat
         c._reader.prefetch_io = True
         assert_same_rows(c, r)
     assert memory_budget() > 0
+
+
+def test_a_chunk_that_fails_to_compress_stays_raw_and_durable(tmp_path, monkeypatch, caplog):
+    from mmreplay.storage.ring import ChunkRing
+
+    c, r = pair(tmp_path, capacity=300, obs_shape=(6, 6), stack=2, n_step=2, chunk_size=16, seed=4)
+    drive([c, r], 20, 5, ends=0)
+    real = ChunkRing.compress_chunk
+
+    def broken(self, seq):  # noqa: ANN001, ANN202
+        if seq == 1:
+            raise RuntimeError("an encoder bug")
+        return real(self, seq)
+
+    monkeypatch.setattr(ChunkRing, "compress_chunk", broken)
+    drive([c, r], 60, 6, ends=0, reset=False)
+    c.commit()
+    assert "an encoder bug" in caplog.text
+    with open(tmp_path / "lz4" / "manifest.json") as f:
+        chunks = {e["seq"]: e for e in json.load(f)["chunks"]}
+    assert "frames" not in chunks[1] and chunks[1]["crc32"]["obs"] is not None  # raw, checksummed
+    assert "frames" in chunks[2]
+    assert_same_rows(c, r)
+    c.close()
+    r.close()
+    assert mr.verify_store(str(tmp_path / "lz4")) == []
+    with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw") as r:
+        assert_same_rows(c, r)

@@ -366,6 +366,15 @@ class ChunkRing:
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
 
+    def finish_seal_frames(self, seq: int) -> dict[str, int]:
+        """``finish_seal`` for the raw frames alone (a compressed store whose chunk could not be compressed)."""
+        col = self.columns[0]
+        fsync_path(self.file_path(self.mapped[seq], col))
+        cb = self._chunk_bytes(col)
+        view = self._ranges[col.name].bytes_view((seq % self.positions) * cb, self.schema.chunk_size * col.row_bytes)
+        os.chmod(self.file_path(self.mapped[seq], col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        return {col.name: zlib.crc32(view.data)}
+
     def resize(self, positions: int) -> None:
         """Move to a ring with more positions: every mapped chunk is remapped at ``seq % positions``."""
         mapped, rw, compressed = dict(self.mapped), set(self._rw), dict(self.compressed)
