@@ -416,3 +416,20 @@ def test_a_chunk_that_fails_to_compress_stays_raw_and_durable(tmp_path, monkeypa
     assert mr.verify_store(str(tmp_path / "lz4")) == []
     with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw") as r:
         assert_same_rows(c, r)
+
+
+def test_format_md_snippet_reads_a_compressed_frame(tmp_path):
+    """The numpy + numcodecs snippet of FORMAT.md decodes frames as the store serves them."""
+    import re
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "FORMAT.md")) as f:
+        code = next(b for b in re.findall(r"```python\n(.*?)```", f.read(), re.S) if "def read_frame" in b)
+    ns: dict = {}
+    exec(code, ns)
+    with mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(7, 9), chunk_size=16, seed=0) as s:
+        drive([s], 40, 3, ends=0)
+        s.commit()
+        entry, path = _compressed_chunk(str(tmp_path / "s"))
+        frames = s.episode_frames(s.episodes(), 0)  # one episode from row 0: frame t is row t
+    for i in range(16):
+        assert np.array_equal(ns["read_frame"](path, i), frames[16 * int(entry["seq"]) + i])
