@@ -267,8 +267,14 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
     flattened. A ``next_obs`` frame that is also one of the row's ``obs`` frames (``k - m`` of them) is
     copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
     b, k = obs_slots.shape
+    for r in range(r0, r1):  # every record first: no load waits on another
+        for j in range(2 * k):
+            slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
+            pos = slot // rows_alloc
+            if 0 <= slot and pos < kind.size and kind[pos] == KIND_LZ4:
+                prefetch(comp, pos * cstride + table[pos] + 16 * (slot - pos * rows_alloc))
     for r in range(r0, r1):
-        if r + 1 < r1:  # the next row's records and entries: their cache misses overlap this row's work
+        if r + 1 < r1:  # the next row's entries: their cache misses overlap this row's work
             _prefetch_row(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
         for j in range(k):
             slot = obs_slots[r, j]
