@@ -149,12 +149,12 @@ def test_reference_encoders_output_decodes_the_same(data, mode):
     assert kernel_decode(framed[4:], len(data)) == (0, data)
 
 
-@given(st.lists(frames_strategy(), min_size=1, max_size=6), st.integers(1, 200))
+@given(st.lists(frames_strategy(), min_size=1, max_size=6), st.integers(1, 200), st.sampled_from([0, 1, 7, 84]))
 @SETTINGS
-def test_our_encoder_is_read_by_python_lz4_and_numcodecs(parts, pad):
+def test_our_encoder_is_read_by_python_lz4_and_numcodecs(parts, pad, row):
     fb = max(len(p) for p in parts) + pad
     frames = np.stack([np.frombuffer((p * (fb // len(p) + 1))[:fb], np.uint8) for p in parts])
-    records, buf = framefile.encode_native(frames.reshape(-1), len(parts), fb, 16)
+    records, buf = framefile.encode_native(frames.reshape(-1), len(parts), fb, 16, row)
     for i, rec in enumerate(records):
         entry = buf[rec["offset"]:rec["offset"] + rec["length"]].tobytes()
         assert google_crc32c.value(entry) == rec["crc"]
@@ -178,7 +178,7 @@ def test_incompressible_and_tiny_frames_are_stored_raw():
 def test_real_frames_round_trip_through_every_decoder(atari_frames):
     frames = atari_frames[::7][:600]
     n, fb = frames.shape[0], frames[0].nbytes
-    records, buf = framefile.encode_native(frames.reshape(-1), n, fb, 0)
+    records, buf = framefile.encode_native(frames.reshape(-1), n, fb, 0, framefile.row_bytes((84, 84), 1))
     ref_records, ref_data = framefile.encode(frames, "lz4")
     assert buf.size < frames.nbytes / 5  # Atari frames shrink ~10x
     out = np.empty(fb, np.uint8)

@@ -124,14 +124,26 @@ def encode(frames: np.ndarray, codec: str) -> tuple[np.ndarray, np.ndarray]:
     return records, np.frombuffer(b"".join(parts), np.uint8)
 
 
-def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int) -> tuple[np.ndarray, np.ndarray]:
+def row_bytes(shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes of one image row, the encoder's "row above" candidate: ``(H, W)`` and ``(C, H, W)`` -> W,
+    ``(H, W, C)`` with C <= 4 -> W * C; 0 for vectors."""
+    if len(shape) < 2:
+        return 0
+    if len(shape) >= 3 and shape[-1] <= 4:
+        return shape[-2] * shape[-1] * itemsize
+    return shape[-1] * itemsize
+
+
+def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int,
+                  row: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The native encoder: ``(records, buffer)`` with entries at ``data_start..`` of ``buffer`` (whose
-    first ``data_start`` bytes are left for the header and records). ``raw`` is the chunk's frame bytes."""
+    first ``data_start`` bytes are left for the header and records). ``raw`` is the chunk's frame bytes;
+    ``row`` the bytes of one image row (``row_bytes``), a hint for finding matches."""
     from ..native import lz4
 
     buf = np.empty(data_start + count * frame_bytes + TRAILER, np.uint8)
     rec = np.empty((count, 2), np.int64)
-    end = lz4.encode_frames(raw, count, frame_bytes, buf, data_start, rec)
+    end = lz4.encode_frames(raw, count, frame_bytes, buf, data_start, rec, row)
     bad = lz4.check_frames(raw, count, frame_bytes, buf, rec)
     if bad >= 0:  # never store what does not decode back: fall back to the reference encoder
         raise RuntimeError(f"native LZ4 encoder produced a wrong entry for frame {bad}")
@@ -155,7 +167,7 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     body = None
     if native:
         try:
-            records, buf = encode_native(raw, count, frame_bytes, data_start)
+            records, buf = encode_native(raw, count, frame_bytes, data_start, row_bytes(shape, dtype.itemsize))
         except RuntimeError as exc:  # never expected; the reference encoder is slower but sure
             log.error("%s: %s; encoding with numcodecs instead", path, exc)
         else:
