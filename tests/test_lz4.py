@@ -14,7 +14,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from numcodecs import LZ4
 
+from mmreplay.native import crc32c as C
 from mmreplay.native import lz4 as K
+from mmreplay.native import lz4_encode as E
 from mmreplay.native.codes import E_CHECKSUM, E_SIZE, E_STREAM
 from mmreplay.storage import framefile
 
@@ -232,6 +234,22 @@ def test_damaged_entries_are_errors_never_wrong_frames(data, draw):
 def test_crc32c_in_hardware_and_by_table_match_google_crc32c(data, start):
     buf = np.frombuffer(b"\x00" * start + data, np.uint8)
     want = google_crc32c.value(data)
-    assert K._crc32c_tables(buf, start, len(data)) == want
-    if K.HARDWARE_CRC:
-        assert K._crc32c_sse42(buf, start, len(data)) == want
+    assert C._crc32c_tables(buf, start, len(data)) == want
+    if C.HARDWARE_CRC:
+        assert C._crc32c_sse42(buf, start, len(data)) == want
+
+
+def test_the_sealers_check_catches_an_entry_that_decodes_wrong():
+    rng = np.random.default_rng(1)
+    frames = np.repeat(rng.integers(0, 4, (40, 1, 50), dtype=np.uint8), 8, axis=1).reshape(40, -1)
+    fb = frames.shape[1]
+    records, buf = framefile.encode_native(frames.reshape(-1), 40, fb, 0)
+    rec = np.stack([records["offset"].astype(np.int64),
+                    records["length"].astype(np.int64) | (records["crc"].astype(np.int64) << 32)], axis=1)
+    assert E.check_frames(frames.reshape(-1), 40, fb, buf, rec, 1) == -1
+    wrong = frames.copy()
+    wrong[17, 3] ^= 1  # as if the encoder had written frame 17 wrong
+    assert E.check_frames(wrong.reshape(-1), 40, fb, buf, rec, 1) == 17
+    assert E.check_frames(wrong.reshape(-1), 40, fb, buf, rec, 16) == -1  # sampled: frames 0, 16, 32, 39
+    wrong[39, 0] ^= 1
+    assert E.check_frames(wrong.reshape(-1), 40, fb, buf, rec, 16) == 39

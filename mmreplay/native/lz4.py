@@ -1,6 +1,6 @@
 # numba intrinsics (``copy``, ``load8`` ...) take a typing context first, which mypy sees as an argument:
 # mypy: disable-error-code="call-arg,return-value,var-annotated,index"
-"""LZ4 block codec for frames: encode a sealed chunk's frames, decode a batch's frames into its output.
+"""LZ4 block codec for frames, decoding: a batch's frames decoded (or copied) straight into its output.
 
 Written from the LZ4 block format description (lz4_Block_format.md of the LZ4 project); no code of the
 reference implementation or of its bindings is used. A *block* is a run of *sequences*::
@@ -23,97 +23,21 @@ decode; ``google_crc32c.value`` computes the same.)
 Every kernel runs without the GIL (``nogil=True``): the chunk sealer encodes beside ``step()``, and a
 batch is decoded by several threads at once. (Not ``parallel=True``: numba's workqueue threading layer
 aborts when two Python threads enter parallel code at once, and the prefetch and main threads both
-read.) Kernels are compiled on first use and cached on disk.
+read.) Kernels are compiled on first use and cached on disk. The encoder is in ``lz4_encode``.
 """
 
 from __future__ import annotations
 
-import platform
-
 import numba as nb
 import numpy as np
-from numba.cpython.unsafe.numbers import trailing_zeros
 
-from ._mem import copy, copy16, crc32c_u8, crc32c_u64, fill, load1, load8, prefetch, store1, store8
+from ._mem import copy, copy16, fill, load1, load8, prefetch, store1, store8
 from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4, KIND_RAW
+from .crc32c import crc32c
 
 MIN_MATCH = 4
-LAST_LITERALS = 5  # the last 5 bytes of a block are literals
-MF_LIMIT = 12  # no match starts in the last 12 bytes
-MAX_OFFSET = 65535
-HASH_BITS = 12
-CHAIN_MASK = 65535  # positions in the match window (offsets are < 65536)
 
 
-def _crc_tables() -> np.ndarray:
-    """Slicing-by-8 tables of CRC-32C (reflected Castagnoli polynomial 0x82F63B78)."""
-    t = np.zeros((8, 256), np.uint32)
-    for i in range(256):
-        c = i
-        for _ in range(8):
-            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
-        t[0, i] = c
-    for i in range(256):
-        for k in range(1, 8):
-            t[k, i] = (int(t[k - 1, i]) >> 8) ^ int(t[0, int(t[k - 1, i]) & 0xFF])
-    return t
-
-
-CRC_TABLES = _crc_tables()
-
-
-def _has_sse42() -> bool:
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    try:
-        from llvmlite import binding
-
-        return bool(binding.get_host_cpu_features().get("sse4.2", False))
-    except Exception:  # an llvmlite that cannot tell: use the tables
-        return False
-
-
-HARDWARE_CRC = _has_sse42()
-
-
-@nb.njit(nogil=True, cache=True)
-def _crc32c_tables(buf: np.ndarray, start: int, length: int) -> int:
-    t = CRC_TABLES
-    c = np.int64(0xFFFFFFFF)
-    i = start
-    end = start + length
-    while i + 8 <= end:
-        a = c ^ (load8(buf, i) & 0xFFFFFFFF)
-        c = (np.int64(t[7, a & 0xFF]) ^ np.int64(t[6, (a >> 8) & 0xFF]) ^ np.int64(t[5, (a >> 16) & 0xFF])
-             ^ np.int64(t[4, (a >> 24) & 0xFF]) ^ np.int64(t[3, load1(buf, i + 4)])
-             ^ np.int64(t[2, load1(buf, i + 5)]) ^ np.int64(t[1, load1(buf, i + 6)])
-             ^ np.int64(t[0, load1(buf, i + 7)]))
-        i += 8
-    while i < end:
-        c = np.int64(t[0, (c ^ load1(buf, i)) & 0xFF]) ^ (c >> 8)
-        i += 1
-    return c ^ 0xFFFFFFFF
-
-
-@nb.njit(nogil=True, cache=True)
-def _crc32c_sse42(buf: np.ndarray, start: int, length: int) -> int:
-    c = np.int64(0xFFFFFFFF)
-    i = start
-    end = start + length
-    while i + 8 <= end:
-        c = crc32c_u64(c, load8(buf, i))
-        i += 8
-    while i < end:
-        c = crc32c_u8(c, load1(buf, i))
-        i += 1
-    return (c ^ 0xFFFFFFFF) & 0xFFFFFFFF
-
-
-crc32c = _crc32c_sse42 if HARDWARE_CRC else _crc32c_tables
-"""CRC-32C (Castagnoli; what ``google_crc32c.value`` computes) of ``buf[start:start + length]``."""
-
-
-# -- decoding ------------------------------------------------------------------------------------------
 @nb.njit(nogil=True, cache=True)
 def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, oend: int) -> int:
     """Decode the LZ4 block ``src[ip:iend]`` into exactly ``out[o0:oend]``; returns 0, or ``E_STREAM``.
@@ -321,197 +245,3 @@ def gather(slots: np.ndarray, out: np.ndarray, raw: np.ndarray, comp: np.ndarray
         if err:
             return err, slots[i]
     return 0, 0
-
-
-# -- encoding ------------------------------------------------------------------------------------------
-@nb.njit(nogil=True, cache=True, inline="always")
-def _u32(a: np.ndarray, i: int) -> int:
-    return (np.int64(a[i]) | (np.int64(a[i + 1]) << 8) | (np.int64(a[i + 2]) << 16)
-            | (np.int64(a[i + 3]) << 24))
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _put_length(dst: np.ndarray, op: int, n: int) -> int:
-    """The extension bytes of a length whose nibble is 15 (``n`` = length - 15)."""
-    while n >= 255:
-        dst[op] = 255
-        op += 1
-        n -= 255
-    dst[op] = n
-    return op + 1
-
-
-@nb.njit(nogil=True, cache=True)
-def _emit(dst: np.ndarray, op: int, olimit: int, src: np.ndarray, lit: int, ll: int, off: int, ml: int) -> int:
-    """Write one sequence (``off == 0``: the last, literals only); returns the new end, or -1 past ``olimit``."""
-    need = 1 + ll + (ll // 255 + 1 if ll >= 15 else 0)
-    if off:
-        need += 2 + ((ml - MIN_MATCH) // 255 + 1 if ml - MIN_MATCH >= 15 else 0)
-    if op + need > olimit:
-        return -1
-    tok_at = op
-    op += 1
-    tok = 0
-    if ll >= 15:
-        tok = 15 << 4
-        op = _put_length(dst, op, ll - 15)
-    else:
-        tok = ll << 4
-    copy(dst, op, src, lit, ll)
-    op += ll
-    if off:
-        dst[op] = off & 0xFF
-        dst[op + 1] = off >> 8
-        op += 2
-        m = ml - MIN_MATCH
-        if m >= 15:
-            tok |= 15
-            op = _put_length(dst, op, m - 15)
-        else:
-            tok |= m
-    dst[tok_at] = tok
-    return op
-
-
-@nb.njit(nogil=True, cache=True, inline="always")
-def _common(src: np.ndarray, a: int, b: int, most: int) -> int:
-    """How many bytes from ``a`` and from ``b`` are equal, up to ``most`` (8 compared at a time)."""
-    n = 0
-    while n + 8 <= most:
-        x = load8(src, a + n) ^ load8(src, b + n)
-        if x:
-            return n + (trailing_zeros(x) >> 3)
-        n += 8
-    while n < most and load1(src, a + n) == load1(src, b + n):
-        n += 1
-    return n
-
-
-@nb.njit(nogil=True, cache=True)
-def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olimit: int, table: np.ndarray,
-                 row: int, chain: np.ndarray, depth_max: int) -> int:
-    """LZ4-encode ``src[s:s + n]`` into ``dst[op:]``; returns the end, or -1 if it would pass ``olimit``.
-
-    Greedy matching, the longest of these candidates wins: up to ``depth_max`` earlier positions with
-    the same 4-byte hash (``table`` holds the latest absolute position in ``src`` per hash, ``chain``
-    the one before each position; positions before ``s`` are ignored, so neither needs clearing
-    between frames), the same place one image row up (``row`` bytes back; 0: none) and the previous
-    match's offset. Longer matches mean fewer sequences, and the number of sequences is what decoding
-    time goes with: on the real Atari frames, depth 4 plus the row candidate decodes ~20-30% faster
-    and shrinks ~5-15% more than one hash candidate, for ~10% more encoding time. After misses the
-    search skips ahead faster, as LZ4's fast mode does, so incompressible data costs little.
-    """
-    anchor = 0
-    if n > MF_LIMIT:
-        ilimit = n - MF_LIMIT  # a match starts before this
-        mlimit = n - LAST_LITERALS  # and ends at or before this
-        shift = 32 - HASH_BITS
-        ip = 0
-        misses = 0
-        last = 0
-        while ip < ilimit:
-            p = s + ip
-            most = mlimit - ip
-            seq = _u32(src, p)
-            h = ((seq * 2654435761) & 0xFFFFFFFF) >> shift
-            cand = table[h]
-            table[h] = p
-            chain[p & CHAIN_MASK] = cand
-            best = 0
-            off = 0
-            depth = 0
-            while cand >= s and p - cand <= MAX_OFFSET and depth < depth_max:
-                if _u32(src, cand) == seq and (best == 0 or load1(src, cand + best) == load1(src, p + best)):
-                    length = MIN_MATCH + _common(src, p + MIN_MATCH, cand + MIN_MATCH, most - MIN_MATCH)
-                    if length > best:
-                        best = length
-                        off = p - cand
-                        if best >= most:
-                            break
-                nxt = chain[cand & CHAIN_MASK]
-                if nxt >= cand:
-                    break
-                cand = nxt
-                depth += 1
-            for other in (row, last):
-                # a candidate can only be longer if it also matches the byte where the best one stops
-                if (other and other != off and other <= ip and other <= MAX_OFFSET and best < most
-                        and _u32(src, p - other) == seq
-                        and (best == 0 or load1(src, p - other + best) == load1(src, p + best))):
-                    length = MIN_MATCH + _common(src, p + MIN_MATCH, p - other + MIN_MATCH, most - MIN_MATCH)
-                    if length > best:
-                        best = length
-                        off = other
-            if best:
-                cand = p - off
-                while ip > anchor and cand > s and load1(src, s + ip - 1) == load1(src, cand - 1):
-                    ip -= 1
-                    cand -= 1
-                    best += 1
-                op = _emit(dst, op, olimit, src, s + anchor, ip - anchor, off, best)
-                if op < 0:
-                    return -1
-                ip += best
-                anchor = ip
-                last = off
-                misses = 0
-                if ip - 2 < ilimit:
-                    h = ((_u32(src, s + ip - 2) * 2654435761) & 0xFFFFFFFF) >> shift
-                    chain[(s + ip - 2) & CHAIN_MASK] = table[h]
-                    table[h] = s + ip - 2
-            else:
-                misses += 1
-                ip += 1 + (misses >> 6)
-    return _emit(dst, op, olimit, src, s + anchor, n - anchor, 0, 0)
-
-
-@nb.njit(nogil=True, cache=True)
-def encode_frames(src: np.ndarray, count: int, fb: int, dst: np.ndarray, data_start: int, records: np.ndarray,
-                  row: int = 0, depth: int = 4) -> int:
-    """Encode ``count`` frames of ``fb`` bytes (``src``, 1-D) into ``dst`` from ``data_start``, one entry each.
-
-    ``records`` (count, 2) int64 receives each entry's offset and ``length | crc32c << 32``. An entry is
-    the raw frame when LZ4 does not make it smaller. Returns the end of the data. ``dst`` must hold
-    ``data_start + count * fb`` bytes.
-    """
-    table = np.full(1 << HASH_BITS, -1, np.int64)
-    chain = np.full(CHAIN_MASK + 1, -1, np.int64)
-    dp = data_start
-    for i in range(count):
-        s = i * fb
-        end = encode_block(src, s, fb, dst, dp + 4, dp + fb - 1, table, row, chain, depth)
-        if end < 0:
-            copy(dst, dp, src, s, fb)
-            length = fb
-        else:
-            dst[dp] = fb & 0xFF
-            dst[dp + 1] = (fb >> 8) & 0xFF
-            dst[dp + 2] = (fb >> 16) & 0xFF
-            dst[dp + 3] = (fb >> 24) & 0xFF
-            length = end - dp
-        records[i, 0] = dp
-        records[i, 1] = length | (crc32c(dst, dp, length) << 32)
-        dp += length
-    return dp
-
-
-@nb.njit(nogil=True, cache=True)
-def check_frames(src: np.ndarray, count: int, fb: int, enc: np.ndarray, records: np.ndarray) -> int:
-    """Decode every entry of ``enc`` and compare with the frames it came from: -1 if all equal, else the
-    first frame that differs (a guard against an encoder bug ever reaching the disk)."""
-    buf = np.empty(fb, np.uint8)
-    for i in range(count):
-        meta = records[i, 1]
-        if decode_entry(enc, records[i, 0], meta & 0xFFFFFFFF, (meta >> 32) & 0xFFFFFFFF, buf, 0, fb):
-            return i
-        s = i * fb
-        j = 0
-        while j + 8 <= fb:
-            if load8(buf, j) != load8(src, s + j):
-                return i
-            j += 8
-        while j < fb:
-            if buf[j] != src[s + j]:
-                return i
-            j += 1
-    return -1

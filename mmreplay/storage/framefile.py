@@ -18,7 +18,8 @@ Records come first and entries are independent, so any frame can be read with tw
 Writing goes to ``<path>.tmp`` (fsynced, then renamed and the directory fsynced), so a complete file
 at ``path`` is durable and a crash leaves at most a ``.tmp`` file, which the next writer deletes.
 ``encode``/``decode`` here use numcodecs' LZ4 (the reference path: tests, and stores opened where
-numba is missing); the chunk sealer and the batch reader use ``mmreplay.native.lz4``.
+numba is missing); the chunk sealer uses ``mmreplay.native.lz4_encode``, the batch reader
+``mmreplay.native.lz4``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ VERSION = 1
 CODECS = ("lz4",)
 RECORD = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4")])
 TRAILER = 4
+# The sealer decodes every CHECK_EVERY-th frame it encoded (and the last) and compares it with the raw
+# frame before the file is used: a cheap guard against an encoder bug (the whole check was a third of
+# the sealer's CPU); the encoder itself is tested against python-lz4 and numcodecs.
+CHECK_EVERY = 16
 log = logging.getLogger(__name__)
 SUFFIX = {"lz4": "lz4"}  # codec -> file suffix after "<name>.obs."
 
@@ -139,12 +144,12 @@ def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int
     """The native encoder: ``(records, buffer)`` with entries at ``data_start..`` of ``buffer`` (whose
     first ``data_start`` bytes are left for the header and records). ``raw`` is the chunk's frame bytes;
     ``row`` the bytes of one image row (``row_bytes``), a hint for finding matches."""
-    from ..native import lz4
+    from ..native import lz4_encode
 
     buf = np.empty(data_start + count * frame_bytes + TRAILER, np.uint8)
     rec = np.empty((count, 2), np.int64)
-    end = lz4.encode_frames(raw, count, frame_bytes, buf, data_start, rec, row)
-    bad = lz4.check_frames(raw, count, frame_bytes, buf, rec)
+    end = lz4_encode.encode_frames(raw, count, frame_bytes, buf, data_start, rec, row)
+    bad = lz4_encode.check_frames(raw, count, frame_bytes, buf, rec, CHECK_EVERY)
     if bad >= 0:  # never store what does not decode back: fall back to the reference encoder
         raise RuntimeError(f"native LZ4 encoder produced a wrong entry for frame {bad}")
     records = np.zeros(count, RECORD)
@@ -180,9 +185,9 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
         records["offset"] += data_start
         body = np.concatenate([np.frombuffer(head, np.uint8), records.view(np.uint8), data])
     if native:
-        from ..native import lz4
+        from ..native.crc32c import crc32c
 
-        crc = int(lz4.crc32c(body, 0, body.size))
+        crc = int(crc32c(body, 0, body.size))
     else:
         crc = google_crc32c.value(body.tobytes())
     tmp = path + ".tmp"
