@@ -102,6 +102,7 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
+        self._deleting: list[Future[None]] = []  # raw frame files being deleted in the sealer thread
         # Called with slot arrays: ``on_cleared`` when slots stop being sampleable (retirement),
         # ``on_resize`` with the new number of positions after the ring grew.
         self.on_cleared: SlotsCallback | None = None
@@ -252,8 +253,12 @@ class ChunkLog:
 
     def wait_sealed(self) -> None:
         """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
-        chunk's frames are read from its compressed file from then on."""
+        chunk's frames are read from its compressed file from then on. Deletions of raw frame files
+        the seals made unneeded are finished too."""
         self._reap(block=True)
+        for f in self._deleting:
+            f.result()
+        self._deleting = []
 
     def _reap(self, block: bool) -> None:
         """Take the results of the background seals that finished (``block``: of all, waiting)."""
@@ -271,7 +276,10 @@ class ChunkLog:
         if info.committed:
             self.raw_to_delete.append(info.name)  # the last commit reads the raw file
         else:
-            self.ring.delete_raw_frames(info.name)
+            # no commit ever listed it: delete it now, in the sealer thread (freeing its page cache
+            # takes milliseconds that step() should not wait for)
+            self._deleting = [f for f in self._deleting if not f.done()]
+            self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
