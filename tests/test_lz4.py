@@ -20,7 +20,10 @@ from mmreplay.native import lz4_encode as E
 from mmreplay.native.codes import E_CHECKSUM, E_SIZE, E_STREAM
 from mmreplay.storage import framefile
 
-lz4_block = pytest.importorskip("lz4.block")
+try:  # python-lz4: a second reference decoder and encoder (numcodecs is the first)
+    import lz4.block as lz4_block
+except ImportError:  # pragma: no cover - installed in CI
+    lz4_block = None
 CANARY = 0xA5
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -127,8 +130,9 @@ def test_blocks_decode_as_python_lz4_and_numcodecs_decode_them(case):
     seqs, last = case
     block = build_block(seqs, last)
     size = sum(len(s[0]) + s[2] for s in seqs) + len(last)
-    want = lz4_block.decompress(block, uncompressed_size=size)
-    assert LZ4().decode(size.to_bytes(4, "little") + block) == want
+    want = LZ4().decode(size.to_bytes(4, "little") + block)
+    if lz4_block is not None:
+        assert lz4_block.decompress(block, uncompressed_size=size) == want
     assert kernel_decode(block, size, 3, 17) == (0, want)
 
 
@@ -145,8 +149,9 @@ def frames_strategy():  # noqa: ANN201
 @given(frames_strategy(), st.sampled_from(["default", "fast", "high_compression"]))
 @SETTINGS
 def test_reference_encoders_output_decodes_the_same(data, mode):
-    block = lz4_block.compress(data, mode=mode, store_size=False)
-    assert kernel_decode(block, len(data), 8, 8) == (0, data)
+    if lz4_block is not None:
+        block = lz4_block.compress(data, mode=mode, store_size=False)
+        assert kernel_decode(block, len(data), 8, 8) == (0, data)
     framed = bytes(LZ4().encode(np.frombuffer(data, np.uint8)))
     assert kernel_decode(framed[4:], len(data)) == (0, data)
 
@@ -165,7 +170,8 @@ def test_our_encoder_is_read_by_python_lz4_and_numcodecs(parts, pad, row):
             continue
         assert len(entry) < fb and int.from_bytes(entry[:4], "little") == fb
         assert bytes(LZ4().decode(entry)) == frames[i].tobytes()
-        assert lz4_block.decompress(entry) == frames[i].tobytes()
+        if lz4_block is not None:
+            assert lz4_block.decompress(entry) == frames[i].tobytes()
 
 
 def test_incompressible_and_tiny_frames_are_stored_raw():
