@@ -453,14 +453,18 @@ def report(args: argparse.Namespace, cap: int, append: dict[str, float], rss: fl
         "each frame keeps a real frame's compressibility; the writer walks a pool of 131,072 such frames",
         "in a cycle). Appends: the same steps in alternating blocks of 25% of the run, timed from the",
         "block's first step() until its last chunk's background seal has finished. Warm: both stores",
-        "open, every page touched,",
-        f"0.5 s windows alternated {args.rounds * 4} times. Cold: every file dropped from the page cache",
+        f"open, every page touched, 0.5 s windows alternated {args.rounds * 4} times. Cold: every file",
+        "dropped from the page cache",
         f"(POSIX_FADV_DONTNEED; fincore residency after: max {max(resident) * 100:.2f}%), then a fresh reader",
         f"process draws {args.cold_batches} batches; medians of {args.rounds} rounds, alternated. Limited: the same",
         f"fresh reader started inside a new cgroup-v1 memory group limited to {args.limit_gib:g} GiB (page cache",
         "and the interpreter count), files dropped first.",
         "",
         table(["", "default (lz4)", "raw", "default / raw", "target"], rows),
+        "",
+        "Ratios move with the machine's load: decoding and sealing need CPU where a raw store copies",
+        "memory, so when other processes take the cores the default store loses more; compare runs at",
+        "similar load averages (given at the end).",
         "",
     ]
     if why_not:
@@ -478,7 +482,7 @@ def report(args: argparse.Namespace, cap: int, append: dict[str, float], rss: fl
               f" was {load[0]:.1f} / {load[1]:.1f} on 2 cores.", "",
               f"Sealer CPU per chunk of {chunk:,} frames (median, thread CPU time): default"
               f" {sealer['default'] * 1e3:.0f} ms (fsync and CRC-32 of the small columns, LZ4-encode, decode"
-              f" check, write + fsync), raw {sealer['raw'] * 1e3:.0f} ms (fsync and CRC-32 of every column); at"
+              f" check of every 16th frame, write + fsync), raw {sealer['raw'] * 1e3:.0f} ms (fsync and CRC-32 of every column); at"
               f" 50,000 steps/s a chunk fills every {per_chunk_s * 1e3:.0f} ms, so the default store's sealer"
               f" needs {sealer['default'] / per_chunk_s * 100:.0f}% of a second core. Encoding and checking run"
               " without the GIL (numba nogil kernels; the writes and fsyncs release it too).", "",
