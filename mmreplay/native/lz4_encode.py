@@ -20,6 +20,7 @@ MF_LIMIT = 12  # no match starts in the last 12 bytes
 MAX_OFFSET = 65535
 HASH_BITS = 12
 CHAIN_MASK = 65535  # positions in the match window (offsets are < 65536)
+FAST_AFTER = 16  # misses in a row after which only the hash candidate is tried
 
 
 @nb.njit(nogil=True, cache=True, inline="always")
@@ -97,7 +98,8 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
     match's offset. Longer matches mean fewer sequences, and the number of sequences is what decoding
     time goes with: on the real Atari frames, depth 4 plus the row candidate decodes ~20-30% faster
     and shrinks ~5-15% more than one hash candidate, for ~10% more encoding time. After misses the
-    search skips ahead faster, as LZ4's fast mode does, so incompressible data costs little.
+    search skips ahead faster and looks at one candidate only, as LZ4's fast mode does, and a frame
+    not 1/16 smaller half-way through is given up (stored as it is): incompressible frames cost little.
     """
     anchor = 0
     if n > MF_LIMIT:
@@ -107,6 +109,9 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
         ip = 0
         misses = 0
         last = 0
+        op0 = op
+        half = n >> 1
+        judged = False
         while ip < ilimit:
             p = s + ip
             most = mlimit - ip
@@ -118,7 +123,8 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
             best = 0
             off = 0
             depth = 0
-            while cand >= s and p - cand <= MAX_OFFSET and depth < depth_max:
+            deep = depth_max if misses < FAST_AFTER else 1  # in data that does not match, look less
+            while cand >= s and p - cand <= MAX_OFFSET and depth < deep:
                 if _u32(src, cand) == seq and (best == 0 or load1(src, cand + best) == load1(src, p + best)):
                     length = MIN_MATCH + _common(src, p + MIN_MATCH, cand + MIN_MATCH, most - MIN_MATCH)
                     if length > best:
@@ -133,7 +139,7 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
                 depth += 1
             for other in (row, last):
                 # a candidate can only be longer if it also matches the byte where the best one stops
-                if (other and other != off and other <= ip and other <= MAX_OFFSET and best < most
+                if (misses < FAST_AFTER and other and other != off and other <= ip and other <= MAX_OFFSET and best < most
                         and _u32(src, p - other) == seq
                         and (best == 0 or load1(src, p - other + best) == load1(src, p + best))):
                     length = MIN_MATCH + _common(src, p + MIN_MATCH, p - other + MIN_MATCH, most - MIN_MATCH)
@@ -160,6 +166,12 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
             else:
                 misses += 1
                 ip += 1 + (misses >> 6)
+                if ip >= half and not judged:
+                    # half-way and not even 1/16 smaller (output so far plus the literals pending):
+                    # give up, the frame is stored as it is
+                    judged = True
+                    if (op - op0) + (ip - anchor) > ip - (ip >> 4):
+                        return -1
     return _emit(dst, op, olimit, src, s + anchor, n - anchor, 0, 0)
 
 
