@@ -195,19 +195,23 @@ class ChunkLog:
     def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
         """The background part of sealing (the sealer thread): CRCs, and the compressed frame file.
 
-        A disk error (``OSError``) propagates: the store turns read-only. Anything else going wrong while
-        compressing leaves the chunk raw, its frames made durable and checksummed like a raw store's.
+        A disk error (``OSError``) propagates: the store turns read-only. A chunk whose frames do not
+        shrink enough, or anything else going wrong while compressing, leaves the chunk raw, its frames
+        made durable and checksummed like a raw store's.
         """
         crcs = self.ring.finish_seal(seq)
         if not self.ring.codec:
             return crcs, None
         try:
-            return crcs, self.ring.compress_chunk(seq)
+            frames = self.ring.compress_chunk(seq)
         except OSError:
             raise
         except Exception:
             logger.exception("compressing chunk %s failed; its frames stay raw", self.ring.mapped.get(seq))
+            frames = None
+        if frames is None:  # raw it stays (it failed, or it would not shrink): durable and checksummed
             return {**crcs, **self.ring.finish_seal_frames(seq)}, None
+        return crcs, frames
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()

@@ -180,7 +180,7 @@ def _files(path) -> set[str]:  # noqa: ANN001
 
 def test_raw_frame_files_go_when_no_commit_lists_them(tmp_path):
     path = tmp_path / "s"
-    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(4, 4), chunk_size=16, seed=0)
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(8, 8), chunk_size=16, seed=0)
     drive([s], 40, 0, ends=0)  # chunks 0 and 1 sealed, 2 open; none committed yet
     s._log.wait_sealed()
     files = _files(path)
@@ -203,7 +203,7 @@ def test_raw_frame_files_go_when_no_commit_lists_them(tmp_path):
 
 def test_reader_of_an_old_commit_retries_when_raw_frames_vanished(tmp_path, monkeypatch):
     path = tmp_path / "s"
-    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(4, 4), chunk_size=16, seed=0)
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(8, 8), chunk_size=16, seed=0)
     drive([s], 20, 0, ends=0)
     s.commit()  # chunk 1 open, raw
     old = json.loads((path / "manifest.json").read_text())
@@ -324,7 +324,7 @@ def test_unusable_compressed_file_refuses_open_naming_it(damaged_base, damage):
 
 def test_full_disk_while_compressing_turns_the_store_read_only(tmp_path, monkeypatch):
     path = tmp_path / "s"
-    s = mr.ReplayStore.create(path, capacity=200, obs_shape=(4, 4), stack=2, chunk_size=16, seed=0)
+    s = mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, chunk_size=16, seed=0)
     drive([s], 40, 0, ends=0)
     s.commit()
     committed = s.id_range
@@ -336,7 +336,7 @@ def test_full_disk_while_compressing_turns_the_store_read_only(tmp_path, monkeyp
     with pytest.raises(mr.StoreIOError, match="No space left.*read-only"):
         drive([s], 100, 1, ends=0)
     monkeypatch.undo()
-    assert s.sample(4).obs.shape == (4, 2, 4, 4)  # sampling still works
+    assert s.sample(4).obs.shape == (4, 2, 8, 8)  # sampling still works
     with pytest.raises(mr.ReadOnlyStoreError):
         s.commit()
     s.close()
@@ -433,3 +433,25 @@ def test_format_md_snippet_reads_a_compressed_frame(tmp_path):
         frames = s.episode_frames(s.episodes(), 0)  # one episode from row 0: frame t is row t
     for i in range(16):
         assert np.array_equal(ns["read_frame"](path, i), frames[16 * int(entry["seq"]) + i])
+
+
+def test_chunks_whose_frames_do_not_shrink_stay_raw(tmp_path):
+    c, r = pair(tmp_path, capacity=300, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=16, seed=1)
+    rng = np.random.default_rng(0)
+    for s in (c, r):
+        s.reset(np.zeros((8, 8), np.uint8))
+    for t in range(100):
+        # noise for the first 40 steps (chunks 0-2), then flat frames
+        frame = rng.integers(0, 256, (8, 8), dtype=np.uint8) if t < 40 else np.full((8, 8), t, np.uint8)
+        for s in (c, r):
+            s.step(t % 3, 1.0, frame, False, False)
+    c.commit()
+    with open(tmp_path / "lz4" / "manifest.json") as f:
+        entries = json.load(f)["chunks"]
+    kinds = ["frames" in e for e in entries if e["sealed"]]
+    assert kinds[:2] == [False, False] and kinds[-1]  # noise stays raw, flat frames are compressed
+    assert all(e["crc32"]["obs"] is not None for e in entries if e["sealed"] and "frames" not in e)
+    assert_same_rows(c, r)
+    c.close()
+    r.close()
+    assert mr.verify_store(str(tmp_path / "lz4")) == []

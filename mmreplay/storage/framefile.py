@@ -45,6 +45,11 @@ TRAILER = 4
 # frame before the file is used: a cheap guard against an encoder bug (the whole check was a third of
 # the sealer's CPU); the encoder itself is tested against python-lz4 and numcodecs.
 CHECK_EVERY = 16
+# A sealed chunk whose frames would not shrink by MIN_SAVING keeps its raw frame file (decoding
+# would cost CPU for nothing), judged first on its first PROBE_FRAMES frames so that incompressible
+# frames (noise) cost little encoding.
+MIN_SAVING = 0.1
+PROBE_FRAMES = 256
 log = logging.getLogger(__name__)
 SUFFIX = {"lz4": "lz4"}  # codec -> file suffix after "<name>.obs."
 
@@ -139,16 +144,25 @@ def row_bytes(shape: tuple[int, ...], itemsize: int) -> int:
     return shape[-1] * itemsize
 
 
-def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int,
-                  row: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int, row: int = 0,
+                  min_saving: float | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """The native encoder: ``(records, buffer)`` with entries at ``data_start..`` of ``buffer`` (whose
     first ``data_start`` bytes are left for the header and records). ``raw`` is the chunk's frame bytes;
-    ``row`` the bytes of one image row (``row_bytes``), a hint for finding matches."""
+    ``row`` the bytes of one image row (``row_bytes``), a hint for finding matches. With ``min_saving``,
+    None when the entries would not be at least that fraction smaller than the frames (judged on the
+    first ``PROBE_FRAMES`` frames, then on all)."""
     from ..native import lz4_encode
 
     buf = np.empty(data_start + count * frame_bytes + TRAILER, np.uint8)
     rec = np.empty((count, 2), np.int64)
-    end = lz4_encode.encode_frames(raw, count, frame_bytes, buf, data_start, rec, row)
+    probe = min(count, PROBE_FRAMES) if min_saving is not None else count
+    end = data_start
+    for lo, hi in ((0, probe), (probe, count)):
+        if hi > lo:
+            end = lz4_encode.encode_frames(raw[lo * frame_bytes:hi * frame_bytes], hi - lo, frame_bytes, buf, end,
+                                           rec[lo:hi], row)
+        if min_saving is not None and end - data_start > (1 - min_saving) * hi * frame_bytes:
+            return None
     bad = lz4_encode.check_frames(raw, count, frame_bytes, buf, rec, CHECK_EVERY)
     if bad >= 0:  # never store what does not decode back: fall back to the reference encoder
         raise RuntimeError(f"native LZ4 encoder produced a wrong entry for frame {bad}")
@@ -160,10 +174,11 @@ def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int
 
 
 def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[int, ...], codec: str,
-          native: bool = True) -> tuple[int, int]:
+          native: bool = True, min_saving: float | None = None) -> tuple[int, int] | None:
     """Write the compressed frame file of ``count`` frames (``raw``: their bytes, 1-D uint8) durably.
 
-    Returns ``(size, crc32c)`` of the file. Raises ``OSError`` (a full disk); nothing is left at
+    Returns ``(size, crc32c)`` of the file, or None (nothing written) when ``min_saving`` is given and
+    the frames do not shrink by that fraction. Raises ``OSError`` (a full disk); nothing is left at
     ``path`` or ``path.tmp`` then.
     """
     frame_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -172,10 +187,13 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     body = None
     if native:
         try:
-            records, buf = encode_native(raw, count, frame_bytes, data_start, row_bytes(shape, dtype.itemsize))
+            got = encode_native(raw, count, frame_bytes, data_start, row_bytes(shape, dtype.itemsize), min_saving)
         except RuntimeError as exc:  # never expected; the reference encoder is slower but sure
             log.error("%s: %s; encoding with numcodecs instead", path, exc)
         else:
+            if got is None:
+                return None
+            records, buf = got
             buf[:len(head)] = np.frombuffer(head, np.uint8)
             buf[len(head):data_start] = records.view(np.uint8)
             body = buf

@@ -261,8 +261,9 @@ class ChunkRing:
         self._rw.discard(seq)
 
     # -- compressed frames ------------------------------------------------------------------------------
-    def compress_chunk(self, seq: int) -> dict[str, Any]:
-        """Write the compressed frame file of sealed chunk ``seq`` (durably) and return its manifest entry.
+    def compress_chunk(self, seq: int) -> dict[str, Any] | None:
+        """Write the compressed frame file of sealed chunk ``seq`` (durably) and return its manifest entry,
+        or None when its frames do not shrink enough (``framefile.MIN_SAVING``): it stays raw.
 
         Runs in the background sealer: it only reads the chunk's mapped raw frames. Raises ``OSError``
         (a full disk); nothing is left behind then.
@@ -273,9 +274,9 @@ class ChunkRing:
         cb = self._chunk_bytes(self.columns[0])
         start = (seq % self.positions) * cb
         raw = self.raw_frames[start:start + self.schema.chunk_size * self.frame_bytes]
-        size, crc = framefile.write(self.compressed_path(name), raw, self.schema.chunk_size, self.schema.obs_dtype,
-                                    self.schema.obs_shape, self.codec)
-        return framefile.describe(self.codec, size, crc)
+        got = framefile.write(self.compressed_path(name), raw, self.schema.chunk_size, self.schema.obs_dtype,
+                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING)
+        return None if got is None else framefile.describe(self.codec, *got)
 
     def use_compressed(self, seq: int, nbytes: int) -> None:
         """Read sealed chunk ``seq``'s frames from its compressed file from now on, and unmap its raw frames.
