@@ -455,3 +455,15 @@ def test_chunks_whose_frames_do_not_shrink_stay_raw(tmp_path):
     c.close()
     r.close()
     assert mr.verify_store(str(tmp_path / "lz4")) == []
+
+
+def test_the_numcodecs_reference_path_reads_the_same_rows(tmp_path):
+    """Without numba the reader decodes with numcodecs frame by frame: the same rows, the same errors."""
+    c, r = pair(tmp_path, capacity=200, obs_shape=(8, 8), stack=3, n_step=2, chunk_size=16, seed=3)
+    drive([c, r], 150, 8)
+    c.commit()
+    c._reader._native = None  # as when numba cannot be imported
+    assert c._log.ring.compressed
+    assert_same_rows(c, r)
+    c.close()
+    r.close()
