@@ -134,8 +134,12 @@ def test_rows_are_bit_identical_to_a_raw_store(tmp_path_factory, seed, num_envs,
         c.update_priorities(b.index, p)
         r.update_priorities(b.index, p)
     assert_same_rows(c, r, seed)  # some chunks compressed, the newest sealed ones perhaps not yet
-    c.commit()  # waits for every seal: every sealed chunk is compressed now
-    assert len(c._log.ring.compressed) == sum(1 for info in c._log.chunks if info.sealed)
+    c.commit()  # waits for every seal: every sealed chunk is compressed now (or kept raw: mostly noise)
+    with open(tmp / "lz4" / "manifest.json") as f:
+        sealed = [e for e in json.load(f)["chunks"] if e["sealed"]]
+    assert all(e.get("frames") or e["crc32"]["obs"] is not None for e in sealed)
+    assert len(c._log.ring.compressed) == sum(1 for e in sealed if e.get("frames"))
+    assert c._log.ring.compressed or len(sealed) < 3
     assert_same_rows(c, r, seed)
     c.close()
     r.close()
