@@ -109,15 +109,16 @@ def step_flags(f: np.ndarray, last_step_ends: bool, terminated_end: bool) -> tup
     return term, trunc
 
 
-def episode_frames(index: Index, arrays: dict[str, np.ndarray], table: EpisodeTable, i: int, start: int,
+def episode_frames(index: Index, take: Callable[[np.ndarray], np.ndarray], table: EpisodeTable, i: int, start: int,
                    stop: int | None) -> np.ndarray:
-    """Observations ``start .. stop-1`` of episode ``i`` of ``table`` out of the ring (a copy)."""
+    """Observations ``start .. stop-1`` of episode ``i`` of ``table``, read by ``take(slots)`` (the frame
+    reader: raw or compressed chunks); a copy."""
     n = int(table.length[i]) + 1
     stop = n if stop is None else stop
     if not 0 <= start <= stop <= n:
         raise ValueError(f"frames [{start}, {stop}) out of range for an episode of {n} frames")
     rows = int(table.first_row[i]) + np.arange(start, stop, dtype=np.int64)
-    return arrays["obs"][index.row_slots(int(table.stream[i]), rows)]
+    return take(index.row_slots(int(table.stream[i]), rows))
 
 
 def episode_steps(index: Index, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...], table: EpisodeTable,

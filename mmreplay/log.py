@@ -5,10 +5,19 @@ newest (open) chunk; a full chunk is sealed (fsynced, checksummed, made
 read-only); capacity is enforced by retiring whole old chunks; the ring of
 mapped chunks grows if short episodes make chunks hold fewer transitions
 than planned. It knows nothing about episodes' user-facing rules or sampling.
+
+Compressed stores: the background sealer also writes a sealed chunk's
+compressed frame file (durably, under its final name only when complete).
+The writer's thread then switches the chunk's frames to that file (after
+background readers finish) at the next roll, commit, save or close. The raw
+frame file goes at once if no commit lists the chunk, otherwise at the first
+commit that lists it compressed (the rule of retired chunks: the last commit
+always stays restorable).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -25,7 +34,7 @@ from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
 from .storage import npyfile
 from .storage.manifest import fsync_dir
-from .storage.ring import ChunkRing, chunk_name, chunk_of_file, columns_for
+from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
 from .storage.validate import check_files
 
 
@@ -37,6 +46,7 @@ class ChunkInfo:
     n_transitions: int  # transitions whose next frame is in this chunk
     sealed: bool = False
     crc32: dict[str, int] | None = None
+    frames: dict[str, Any] | None = None  # a compressed chunk's frame file: {codec, bytes, crc32c}
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
     rows: list[int] | None = None  # rows of each stream it holds; set when sealed
 
@@ -47,7 +57,20 @@ class ChunkInfo:
                "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
         if extents is not None:
             out["extents"] = extents
+        if self.frames is not None:
+            out["frames"] = self.frames
         return out
+
+
+def _frames_entry(c: dict[str, Any], schema: Schema) -> dict[str, Any] | None:
+    """A manifest chunk entry's ``frames`` (compressed frame file), checked against the schema."""
+    frames = c.get("frames")
+    if frames is None:
+        return None
+    if not isinstance(frames, dict) or frames.get("codec") != schema.compression:
+        raise ValueError(f"chunk {c.get('name')}: frames {frames!r} do not match the store's compression"
+                         f" {schema.compression!r}")
+    return {"codec": str(frames["codec"]), "bytes": int(frames["bytes"]), "crc32c": int(frames["crc32c"])}
 
 
 def initial_positions(schema: Schema) -> int:
@@ -57,6 +80,8 @@ def initial_positions(schema: Schema) -> int:
 
 
 _NONE = np.empty(0, np.int64)
+logger = logging.getLogger(__name__)
+MAX_SEALING = 4  # full chunks whose background seal may be in flight at once
 
 
 class RingListener(Protocol):
@@ -90,6 +115,7 @@ class ChunkLog:
         self.chunks: deque[ChunkInfo] = deque()
         self.retained_tx = 0
         self.to_delete: list[str] = []  # retired chunks still listed in the last commit
+        self.raw_to_delete: list[str] = []  # raw frame files of compressed chunks the last commit lists raw
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
         # Per stream, where its rows go in the open chunk, as functions of its row count (so a written row
@@ -105,7 +131,9 @@ class ChunkLog:
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
-        self._sealing: tuple[ChunkInfo, Future[dict[str, int]]] | None = None
+        # Background seals in flight, oldest first (one sealer thread: they finish in this order).
+        self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
+        self._deleting: list[Future[None]] = []  # raw frame files being deleted in the sealer thread
 
     # -- counters --------------------------------------------------------------------------------------
     @property
@@ -234,13 +262,18 @@ class ChunkLog:
         consistent log: the full chunk stays the open one and no half-made chunk is listed.
         """
         seq = self.chunks[-1].seq + 1 if self.chunks else 0
-        self.wait_sealed()
+        # Seals may lag behind by a few chunks (a slow fsync or a busy core must not stall step());
+        # a chunk is never unmapped or remapped while its seal still reads it.
+        self._reap(block=len(self._sealing) >= MAX_SEALING)
         self.listener.before_unmap()
         cap, hist = self.schema.capacity, self.schema.stack * self.schema.num_envs
         # The new chunk (no transitions yet) counts as newer than every retained one.
         while self.chunks and self.retained_tx - self.chunks[0].n_transitions - hist >= cap:
+            if any(info is self.chunks[0] for info, _ in self._sealing):
+                self._reap(block=True)
             self._retire_oldest()
         if len(self.chunks) + 1 > self.ring.positions:
+            self._reap(block=True)
             self._grow()
         self.ring.create_chunk(seq)
         full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
@@ -258,9 +291,31 @@ class ChunkLog:
         self._end0 = int(self._run_end[0])
         self._open_writable(self.chunks[-1])
         if full is not None:
-            # fsync + checksum of the full chunk run beside the writer (both release the GIL);
-            # whatever needs the result or unmaps chunks (commit, the next roll, close) waits first.
-            self._sealing = (full, self._sealer().submit(self.ring.finish_seal, full.seq))
+            # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
+            # GIL); whatever needs the result or unmaps the chunk (commit, save, close, retiring or
+            # growing) waits first.
+            self._sealing.append((full, self._sealer().submit(self._seal, full.seq)))
+
+    def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file.
+
+        A disk error (``OSError``) propagates: the store turns read-only. A chunk whose frames do not
+        shrink enough, or anything else going wrong while compressing, leaves the chunk raw, its frames
+        made durable and checksummed like a raw store's.
+        """
+        crcs = self.ring.finish_seal(seq)
+        if not self.ring.codec:
+            return crcs, None
+        try:
+            frames = self.ring.compress_chunk(seq)
+        except OSError:
+            raise
+        except Exception:
+            logger.exception("compressing chunk %s failed; its frames stay raw", self.ring.mapped.get(seq))
+            frames = None
+        if frames is None:  # raw it stays (it failed, or it would not shrink): durable and checksummed
+            return {**crcs, **self.ring.finish_seal_frames(seq)}, None
+        return crcs, frames
 
     def _retire_oldest(self) -> None:
         info = self.chunks.popleft()
@@ -289,11 +344,33 @@ class ChunkLog:
         return self._executor
 
     def wait_sealed(self) -> None:
-        """Finish the background seal of the last full chunk (raises its OSError, if any)."""
-        if self._sealing is not None:
-            info, fut = self._sealing
-            self._sealing = None
-            info.crc32 = fut.result()
+        """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
+        chunk's frames are read from its compressed file from then on. Deletions of raw frame files
+        the seals made unneeded are finished too."""
+        self._reap(block=True)
+        for f in self._deleting:
+            f.result()
+        self._deleting = []
+
+    def _reap(self, block: bool) -> None:
+        """Take the results of the background seals that finished (``block``: of all, waiting)."""
+        while self._sealing and (block or self._sealing[0][1].done()):
+            info, fut = self._sealing.popleft()
+            info.crc32, frames = fut.result()
+            if frames is not None:
+                self._use_compressed(info, frames)
+
+    def _use_compressed(self, info: ChunkInfo, frames: dict[str, Any]) -> None:
+        self.listener.before_unmap()  # no background copy may be reading the raw frames we unmap
+        self.ring.use_compressed(info.seq, int(frames["bytes"]))
+        info.frames = frames
+        if info.committed:
+            self.raw_to_delete.append(info.name)  # the last commit reads the raw file
+        else:
+            # no commit ever listed it: delete it now, in the sealer thread (freeing its page cache
+            # takes milliseconds that step() should not wait for)
+            self._deleting = [f for f in self._deleting if not f.done()]
+            self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
@@ -317,9 +394,12 @@ class ChunkLog:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
         for name in self.to_delete:
             self.ring.delete_files(name)
-        if self.to_delete:
+        for name in self.raw_to_delete:
+            self.ring.delete_raw_frames(name)
+        if self.to_delete or self.raw_to_delete:
             fsync_dir(os.path.join(self.root, "chunks"))
         self.to_delete = []
+        self.raw_to_delete = []
         for c in self.chunks:
             c.committed = True
 
@@ -334,7 +414,8 @@ class ChunkLog:
         try:
             entries = body["chunks"]
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
-                                bool(c["sealed"]), c["crc32"], committed=True) for c in entries]
+                                bool(c["sealed"]), c["crc32"], _frames_entry(c, schema), committed=True)
+                      for c in entries]
             raw_rows = body["rows"]
             rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * n_env, np.int64)
             next_id = int(body["next_id"])
@@ -347,6 +428,8 @@ class ChunkLog:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
         if rows.shape != (n_env,) or (tails is not None and tails.shape[0] != n_env):
             raise CorruptStoreError(f"{mpath}: rows or streams do not have one entry per env stream ({n_env})")
+        if any(c.frames is not None and not c.sealed for c in chunks):
+            raise CorruptStoreError(f"{mpath}: an open chunk is listed with compressed frames")
         seqs = [c.seq for c in chunks]
         if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows.any():
             raise CorruptStoreError(f"{mpath}: chunk table is not a run of consecutive chunks ({seqs[:5]}...)")
@@ -389,7 +472,8 @@ class ChunkLog:
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
         for c in chunks:
-            log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed)
+            log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed,
+                               compressed_bytes=None if c.frames is None else int(c.frames["bytes"]))
         try:
             for c, f0, f, ext in zip(chunks, first, fill, extents, strict=True):
                 log.index.restore_chunk(c.seq, f0, f, ext, c.sealed)
@@ -489,10 +573,13 @@ class ChunkLog:
     def remove_strays(self) -> None:
         """Delete chunk files the manifest does not list (a crashed run's leftovers, temp copies)."""
         base = os.path.join(self.root, "chunks")
-        keep = {c.name for c in self.chunks}
+        columns = [col.name for col in self.ring.columns]
+        # exactly the files the manifest refers to: a compressed chunk's raw frame file goes too, and
+        # so does a compressed file the manifest does not list (a crash before the commit that would)
+        keep = {os.path.basename(p) for c in self.chunks for p in chunk_files(self.root, c.to_json(None, None), columns)}
         removed = False
         for filename in os.listdir(base):
-            if chunk_of_file(filename) not in keep or filename.endswith(".tmp"):
+            if filename not in keep:
                 try:
                     os.unlink(os.path.join(base, filename))
                 except (FileNotFoundError, IsADirectoryError, PermissionError):

@@ -176,6 +176,7 @@ class Schema:
     prioritized: Prioritized | None = None
     rate_limit: RateLimit | None = None
     quantize: bool = False
+    compression: str | None = None  # codec of sealed chunks' frames ("lz4"), None = raw
     id_column: bool = False  # chunks record each row's transition id (stores with several env streams)
 
     @classmethod
@@ -197,6 +198,7 @@ class Schema:
         prioritized: Any = None,
         rate_limit: Any = None,
         quantize: Any = False,
+        compression: Any = "auto",
         id_column: Any = None,
         stored: bool = False,
     ) -> Schema:
@@ -275,7 +277,7 @@ class Schema:
             raise TypeError(f"id_column must be a bool, got {id_column!r}")
         schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
                      tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize),
-                     id_column)
+                     resolve_compression(compression, obs_shape, obs_dtype), id_column)
         validate_ring(schema, planned_positions(schema))
         return schema
 
@@ -311,6 +313,7 @@ class Schema:
             "prioritized": None if self.prioritized is None else self.prioritized.to_json(),
             "rate_limit": None if self.rate_limit is None else self.rate_limit.to_json(),
             "quantize": self.quantize,
+            "compression": self.compression,
             "id_column": self.id_column,
         }
 
@@ -325,6 +328,7 @@ class Schema:
             prioritized=None if d["prioritized"] is None else Prioritized.from_json(d["prioritized"]),
             rate_limit=None if d.get("rate_limit") is None else RateLimit.from_json(d["rate_limit"]),
             quantize=d.get("quantize", False),
+            compression=d.get("compression"),  # stores written before compression existed: raw frames
             id_column=d.get("id_column", False),  # absent in formats 1 and 2: streams in lockstep, no id column
             stored=True,
         )
@@ -409,6 +413,21 @@ def validate_ring(schema: Schema, positions: int) -> None:
             f"capacity={schema.capacity:,} with chunk_size={schema.chunk_size:,} and {row:,} bytes per row needs"
             f" {reserved / 2**40:,.1f} TiB of address space for its ring (at most {MAX_RESERVED_BYTES >> 40} TiB):"
             " use a smaller capacity, chunk_size or observation")
+
+
+CODECS = ("lz4",)
+
+
+def resolve_compression(value: Any, obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> str | None:
+    """``compression=`` of ``create()``: ``"auto"`` compresses image observations (uint8 with two or more
+    dims) with LZ4 and keeps others raw; ``None`` keeps frames raw; a codec name picks that codec."""
+    if value is None:
+        return None
+    if value == "auto":
+        return "lz4" if obs_dtype == np.uint8 and len(obs_shape) >= 2 else None
+    if isinstance(value, str) and value in CODECS:
+        return value
+    raise ValueError(f"compression: expected 'auto', None or one of {CODECS}, got {value!r}")
 
 
 _RESERVED = frozenset({"obs", "action", "reward", "flags", "next_obs", "discount", "terminated",

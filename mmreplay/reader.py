@@ -1,8 +1,10 @@
 """Reading frame stacks out of the ring: output recycling and reads split across threads.
 
-All reads of frames for sampling go through ``FrameReader.stacks`` (transition
-batches) or ``FrameReader.gather`` (any slot array: sequences) - the reader
-interface a compressed or cold-storage chunk format plugs into.
+All reads of frames go through ``FrameReader``: ``stacks`` for sampled batches, ``gather`` for any
+slot array read for sampling (sequences), ``take`` for anything else (current state, episodes,
+exports). Raw chunks are a memory copy (``np.take``); in a
+store with compressed chunks one native kernel per thread decodes compressed frames (and copies raw
+ones: the open chunk, chunks not compressed yet) straight into the output buffer.
 """
 
 from __future__ import annotations
@@ -12,10 +14,16 @@ import resource
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
-from .storage.vmem import RangeAdvisor
+from .errors import CorruptStoreError
+from .native.codes import E_UNMAPPED, ERRORS, KIND_LZ4, KIND_RAW
+from .storage import framefile
+from .storage.ring import ChunkRing
+from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
 
 class FramePool:
@@ -80,6 +88,30 @@ def default_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
+    advisor = RangeAdvisor()
+    try:
+        advisor.willneed(starts, ends)
+    finally:
+        advisor.close()
+
+
+_KERNELS: list[ModuleType | None] = []
+
+
+def native_kernels() -> ModuleType | None:
+    """``mmreplay.native.lz4``, or None where numba cannot be imported (then frames are decoded by the
+    numcodecs reference path, ~10x slower)."""
+    if not _KERNELS:
+        found: ModuleType | None
+        try:
+            from .native import lz4 as found
+        except ImportError:  # pragma: no cover - numba is a dependency
+            found = None
+        _KERNELS.append(found)
+    return _KERNELS[0]
+
+
 class FrameReader:
     """Gathers frame stacks from the ring's frame array into recycled output buffers.
 
@@ -93,22 +125,29 @@ class FrameReader:
     faults (faults that had to wait for the disk) during a plain gather: from ``COLD_FAULTS`` on,
     batches are requested first; every ``PROBE_EVERY`` such batches one goes without, to notice
     the data turning warm again. (Counting faults, not timing, keeps a busy CPU from looking cold.)
+    A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead``).
     """
 
     MIN_SPLIT_BYTES = 256 * 1024  # below this, handing work to a thread costs more than it saves
     PROBE_EVERY = 64
     COLD_FAULTS = 4
 
-    def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto") -> None:
+    MIN_SPLIT_ROWS = 4  # decoding: rows per thread below which one thread does the whole batch
+
+    def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto",
+                 ring: ChunkRing | None = None, native: bool = True) -> None:
         if prefetch_io not in (True, False, "auto"):
             raise ValueError(f"prefetch_io: expected True, False or 'auto', got {prefetch_io!r}")
         self.frames = frames
+        self._ring = ring
+        self._native = native_kernels() if native else None
         self.threads = default_threads() if threads is None else max(1, int(threads))
         self.prefetch_io = prefetch_io
         self._pool = FramePool()
         self._executor: ThreadPoolExecutor | None = None
         self._advisor = RangeAdvisor()
         self._cold_batches = 0  # > 0: requesting first; counts down to the next plain probe
+        self._read_ahead_started = False
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
@@ -119,38 +158,17 @@ class FrameReader:
         if requested:
             self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-        self._take(frames, obs_slots, next_slots, both)
+        if self._ring is not None and self._ring.compressed:
+            self._decode(obs_slots, next_slots, both)
+        else:
+            self._take(frames, obs_slots, next_slots, both)
         if self.prefetch_io == "auto":
             if requested:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
             elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
+                self._read_ahead()
         return both[0], both[1]  # C-contiguous views of one buffer
-
-    def gather(self, slots: np.ndarray) -> np.ndarray:
-        """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
-        like ``stacks``), copied by the same threads, with the same read-ahead of cold pages."""
-        frames = self.frames
-        out = self._pool.get(slots.shape + frames.shape[1:], frames.dtype)
-        index = slots.reshape(-1)
-        requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
-        if requested:
-            self.request(index)
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-        flat = out.reshape((-1,) + frames.shape[1:])
-        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
-        bounds = [index.size * i // parts for i in range(parts + 1)]
-        futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
-                                          flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
-        np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
-        for f in futures:
-            f.result()
-        if self.prefetch_io == "auto":
-            if requested:
-                self._cold_batches -= 1
-            elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
-                self._cold_batches = self.PROBE_EVERY
-        return out
 
     def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
         """One gather of all ``2 * B * k`` frames into ``both``, split in equal parts run in parallel.
@@ -168,6 +186,139 @@ class FrameReader:
         for f in futures:
             f.result()
 
+    def gather(self, slots: np.ndarray) -> np.ndarray:
+        """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
+        like ``stacks``), split across the same threads, with the same read-ahead of cold pages; frames of
+        compressed chunks are decoded straight into it."""
+        frames = self.frames
+        out = self._pool.get(slots.shape + frames.shape[1:], frames.dtype)
+        index = np.ascontiguousarray(slots, np.int64).reshape(-1)
+        requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
+        if requested:
+            self.request(index)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        flat = out.reshape((-1,) + frames.shape[1:])
+        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+        bounds = [index.size * i // parts for i in range(parts + 1)]
+        if self._ring is not None and self._ring.compressed:
+            if self._native is None:
+                flat[:] = self._reference(index)
+            else:
+                args = self._kernel_args()
+                raw = flat.reshape(-1).view(np.uint8)
+                fb = self._ring.frame_bytes
+                jobs = [(index[bounds[i]:bounds[i + 1]], raw[bounds[i] * fb:bounds[i + 1] * fb])
+                        for i in range(parts)]
+                futures = [self._workers().submit(self._native.gather, s, o, *args) for s, o in jobs[1:]]
+                results = [self._native.gather(jobs[0][0], jobs[0][1], *args)] + [f.result() for f in futures]
+                for err, slot in results:
+                    if err:
+                        raise self._error(int(err), int(slot))
+        else:
+            futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
+                                              flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
+            np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
+            for f in futures:
+                f.result()
+        if self.prefetch_io == "auto":
+            if requested:
+                self._cold_batches -= 1
+            elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
+                self._cold_batches = self.PROBE_EVERY
+                self._read_ahead()
+        return out
+
+    def _read_ahead(self) -> None:
+        """Once per reader, when reads turn out cold in a store with compressed chunks: have the kernel
+        read every compressed frame file and small column file into the page cache, in the background,
+        if together they fit in half the memory this process can use (``memory_budget``: its cgroup's
+        limit counts). Compression is what lets a whole store fit in memory; one sequential read of it
+        then beats faulting it in a few pages per batch (the per-batch requests go on meanwhile)."""
+        ring = self._ring
+        if self._read_ahead_started or ring is None or not ring.compressed:
+            return
+        self._read_ahead_started = True
+        starts, ends = ring.readahead_spans()
+        if int((ends - starts).sum()) > memory_budget() // 2:
+            return
+        threading.Thread(target=_advise, args=(starts, ends), daemon=True, name="mmreplay-readahead").start()
+
+    def _kernel_args(self) -> tuple[Any, ...]:
+        ring = self._ring
+        assert ring is not None
+        return (ring.raw_frames, ring.comp_bytes, ring.comp_words, ring.frame_kind, ring.comp_table, ring.comp_end,
+                ring.rows_alloc, ring.cstride, ring.frame_bytes)
+
+    def _decode(self, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
+        """``_take`` for a ring with compressed chunks: rows split between threads, each decoding its rows'
+        frames straight into ``both`` (a row's shared obs/next_obs frames decoded once)."""
+        lz4 = self._native
+        if lz4 is None:
+            flat = both.reshape((-1,) + both.shape[3:])
+            flat[:] = self._reference(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
+            return
+        obs = np.ascontiguousarray(obs_slots, np.int64)
+        nxt = np.ascontiguousarray(next_slots, np.int64)
+        out = both.reshape(-1).view(np.uint8)
+        args = self._kernel_args()
+        b = obs.shape[0]
+        parts = max(1, min(self.threads, b // self.MIN_SPLIT_ROWS))
+        bounds = [b * i // parts for i in range(parts + 1)]
+        futures = [self._workers().submit(lz4.gather_pairs, obs, nxt, bounds[i], bounds[i + 1], out, *args)
+                   for i in range(1, parts)]
+        results = [lz4.gather_pairs(obs, nxt, 0, bounds[1], out, *args)] + [f.result() for f in futures]
+        for err, slot in results:
+            if err:
+                raise self._error(int(err), int(slot))
+
+    def take(self, slots: np.ndarray) -> np.ndarray:
+        """Frames at ``slots`` (any shape) as a new array ``slots.shape + frame shape``."""
+        ring = self._ring
+        if ring is None or not ring.compressed:
+            return self.frames[slots]
+        flat = np.ascontiguousarray(slots, np.int64).reshape(-1)
+        out = np.empty(flat.shape + self.frames.shape[1:], self.frames.dtype)
+        if self._native is None:
+            out[:] = self._reference(flat)
+        else:
+            err, slot = self._native.gather(flat, out.reshape(-1).view(np.uint8), *self._kernel_args())
+            if err:
+                raise self._error(int(err), int(slot))
+        return out.reshape(slots.shape + self.frames.shape[1:])
+
+    def _reference(self, slots: np.ndarray) -> np.ndarray:
+        """Frames at ``slots`` (1-D) decoded one by one with numcodecs: the path without numba (and the
+        reference the kernels are tested against)."""
+        ring = self._ring
+        assert ring is not None
+        fb = ring.frame_bytes
+        out = np.empty((slots.size, fb), np.uint8)
+        for i, slot in enumerate(slots.tolist()):
+            pos, row = divmod(slot, ring.rows_alloc)
+            if not 0 <= pos < ring.positions or ring.frame_kind[pos] not in (KIND_RAW, KIND_LZ4):
+                raise self._error(E_UNMAPPED, slot)
+            if ring.frame_kind[pos] == KIND_RAW:
+                out[i] = ring.raw_frames[slot * fb:(slot + 1) * fb]
+                continue
+            base = pos * ring.cstride
+            rec = np.frombuffer(ring.comp_bytes[base + int(ring.comp_table[pos]) + 16 * row:][:16].tobytes(),
+                                framefile.RECORD)[0]
+            off, length, crc = int(rec["offset"]), int(rec["length"]), int(rec["crc"])
+            if off < ring.comp_table[pos] or length < 1 or length > fb or off + length > ring.comp_end[pos]:
+                raise self._error(2, slot)
+            entry = ring.comp_bytes[base + off:base + off + length].tobytes()
+            out[i] = np.frombuffer(framefile.decode_entry(ring.frames_file(slot), entry, crc, fb, row), np.uint8)
+        return out.view(self.frames.dtype).reshape((slots.size,) + self.frames.shape[1:])
+
+    def _error(self, err: int, slot: int) -> Exception:
+        ring = self._ring
+        assert ring is not None
+        if err == E_UNMAPPED:
+            return RuntimeError(f"frame slot {slot} is not in a mapped chunk (an mmreplay bug; please report it)")
+        row = slot % ring.rows_alloc
+        return CorruptStoreError(f"{ring.frames_file(slot)}: frame {row} is damaged ({ERRORS.get(err, err)});"
+                                 " `mmreplay verify` lists every damaged file")
+
     def request(self, slots: np.ndarray) -> None:
         """Start reading the frames at ``slots`` into the page cache, all at once, in file order.
 
@@ -178,12 +329,44 @@ class FrameReader:
         run = np.unique(slots)
         if run.size == 0:
             return
+        ring = self._ring
+        if ring is not None and ring.compressed:
+            kind = ring.frame_kind[run // ring.rows_alloc]
+            self._request_compressed(run[kind == KIND_LZ4])
+            run = run[kind == KIND_RAW]
+            if run.size == 0:
+                return
         breaks = np.flatnonzero(np.diff(run) != 1) + 1
         first = run[np.concatenate(([0], breaks))]
         last = run[np.concatenate((breaks - 1, [run.size - 1]))]
         row = self.frames.strides[0]
         base = self.frames.ctypes.data
         self._advisor.willneed(base + first * row, base + (last + 1) * row)
+
+    def _request_compressed(self, slots: np.ndarray) -> None:
+        """``request`` for frames in compressed files: their records first, then their entries."""
+        ring = self._ring
+        if ring is None or slots.size == 0:
+            return
+        base = ring.comp_bytes.ctypes.data
+        pos, row = np.divmod(slots, ring.rows_alloc)
+        rec = pos * ring.cstride + ring.comp_table[pos] + 16 * row  # byte offset of each record
+        self._willneed_runs(base + rec, base + rec + 16)
+        start = ring.comp_words[rec // 8]
+        length = ring.comp_words[rec // 8 + 1] & 0xFFFFFFFF
+        # clipped to each file's data region: a damaged record must not advise beyond its file
+        lo = np.clip(start, ring.comp_table[pos], ring.comp_end[pos])
+        hi = np.clip(start + length, lo, ring.comp_end[pos])
+        self._willneed_runs(base + pos * ring.cstride + lo, base + pos * ring.cstride + hi)
+
+    def _willneed_runs(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Advise sorted byte ranges, merging those that share or touch a page."""
+        lo = starts // PAGE
+        hi = -(-ends // PAGE)
+        new = np.concatenate(([True], lo[1:] > hi[:-1]))
+        first = np.flatnonzero(new)
+        last_hi = np.maximum.reduceat(hi, first)
+        self._advisor.willneed(lo[first] * PAGE, last_hi * PAGE)
 
     def _workers(self) -> ThreadPoolExecutor:
         if self._executor is None:

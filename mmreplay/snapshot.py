@@ -19,9 +19,10 @@ import time
 from typing import Any
 
 from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
+from .options import Schema
 from .statefiles import referenced_files
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
-from .storage.ring import chunk_file, chunk_of_file
+from .storage.ring import chunk_files, chunk_of_file, columns_for
 from .storage.validate import check_dirs, check_files
 
 SNAPSHOT_KEY = "snapshot_of"
@@ -80,10 +81,11 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
     os.makedirs(base, exist_ok=True)
     for c in chunks:
         name = c["name"] if c["sealed"] else f"{c['name'].split('g')[0]}g{generation:06d}"
-        for col in columns:
-            src, dst = chunk_file(store_root, c["name"], col), chunk_file(snapshot_dir, name, col)
+        pairs = zip(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, dict(c, name=name), columns),
+                    strict=True)
+        for src, dst in pairs:
             if c["sealed"]:
-                link_or_copy(src, dst)
+                link_or_copy(src, dst)  # compressed frame files too: sealed files are never modified
             else:
                 copy_file(src, dst)
         out.append(dict(c, name=name))
@@ -135,10 +137,10 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
     try:
         os.makedirs(os.path.join(tmp, "chunks"))
         os.makedirs(os.path.join(tmp, "state"))
-        wanted = {c["name"] for c in doc["chunks"]}
-        for filename in os.listdir(os.path.join(snapshot_dir, "chunks")):
-            if chunk_of_file(filename) in wanted:
-                link_or_copy(os.path.join(snapshot_dir, "chunks", filename), os.path.join(tmp, "chunks", filename))
+        columns = [col.name for col in columns_for(Schema.from_json(doc["schema"]))]
+        for c in doc["chunks"]:
+            for src, dst in zip(chunk_files(snapshot_dir, c, columns), chunk_files(tmp, c, columns), strict=True):
+                link_or_copy(src, dst)
         fsync_dir(os.path.join(tmp, "chunks"))
         for rel in referenced_files(doc):
             link_or_copy(os.path.join(snapshot_dir, rel), os.path.join(tmp, rel))

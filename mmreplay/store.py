@@ -168,7 +168,7 @@ class ReplayStore:
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
-        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead)
+        self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead, ring=log.ring)
         self._held.log, self._held.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
@@ -180,7 +180,8 @@ class ReplayStore:
                pad: str = "zeros", seed: int = 0, chunk_size: int | None = None,
                prioritized: Prioritized | None = None, vector: bool | None = None,
                read_threads: int | None = None, metadata: dict[str, Any] | None = None,
-               rate_limit: RateLimit | None = None, quantize: bool = False) -> ReplayStore:
+               rate_limit: RateLimit | None = None, quantize: bool = False,
+               compression: str | None = "auto") -> ReplayStore:
         """Create a new store in ``path`` (which must not exist or be empty) and open it for writing.
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
@@ -190,12 +191,16 @@ class ReplayStore:
         ``rate_limit=mr.RateLimit(...)`` holds the ratio of sampled rows to stored transitions across every
         process of the store (see ``RateLimit``). ``quantize=True`` (uint8 frames) lets ``reset``/``step``
         take floating frames in [0, 1], stored as ``round(x * 255)``.
+        ``compression``: ``"auto"`` keeps the frames of sealed chunks LZ4-compressed on disk when the
+        observations are images (uint8 with two or more dims), ``None`` keeps them raw, ``"lz4"`` always
+        compresses; rows read back are the same either way (see ``store.compression``).
         Raises ``ValueError``/``TypeError`` for bad arguments and for a non-empty ``path``.
         """
         schema = Schema.build(capacity=capacity, obs_shape=obs_shape, obs_dtype=obs_dtype, stack=stack,
                               n_step=n_step, gamma=gamma, action_shape=action_shape, action_dtype=action_dtype,
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
-                              prioritized=prioritized, rate_limit=rate_limit, quantize=quantize)
+                              prioritized=prioritized, rate_limit=rate_limit, quantize=quantize,
+                              compression=compression)
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise TypeError(f"seed must be an int, got {seed!r}")
         path = os.fspath(path)
@@ -271,6 +276,11 @@ class ReplayStore:
         return self._schema.num_envs
 
     @property
+    def compression(self) -> str | None:
+        """The codec of sealed chunks' frames on disk (``"lz4"``), or None when they are kept raw."""
+        return self._schema.compression
+
+    @property
     def id_range(self) -> tuple[int, int]:
         """``(oldest retained id, next id to be issued)``: ids below are evicted, ids at or above never issued."""
         self._check_open()
@@ -307,7 +317,9 @@ class ReplayStore:
     def inspect(self, ids: Any = None) -> dict[str, Any]:
         """Internal counters, for tests and debugging (keys may change between versions).
 
-        ``ring_positions`` (chunks the mapped ring has room for), ``chunks`` (retained chunks),
+        Background seals are finished first, so the counts are settled. ``ring_positions`` (chunks
+        the mapped ring has room for), ``chunks`` (retained chunks), ``compressed_chunks`` (sequence
+        numbers of the chunks whose frames are read from compressed files),
         ``rows`` (frame rows written by each stream, a list), ``holes`` (slots of the retained sealed chunks
         left empty because their env streams advanced apart), ``rng`` (the sampling RNG's state now), and for
         prioritized stores ``priority_total`` (the sum tree's total mass), ``priority_slots``
@@ -319,7 +331,11 @@ class ReplayStore:
         self._check_open()
         self._sync()
         log, sampler = self._parts.log, self._parts.sampler
-        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks), "rows": log.rows.tolist(), "holes": log.holes(),
+        if self._writer is not None and self._durable.failed is None:
+            log.wait_sealed()
+        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
+                               "rows": log.rows.tolist(), "holes": log.holes(),
+                               "compressed_chunks": sorted(log.ring.compressed),
                                "rng": self._drawer.rng.bit_generator.state}
         if self._limiter is not None:
             out["rate_limit"] = self._limiter.counts()
@@ -689,7 +705,7 @@ class ReplayStore:
         """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
         self._check_open()
         slots, pad = self._parts.log.index.latest_stacks()
-        frames = self._parts.log.ring.arrays["obs"][slots]
+        frames = self._reader.take(slots)
         frames[pad] = 0
         return frames if self._schema.vector else frames[0]
 
@@ -705,7 +721,7 @@ class ReplayStore:
 
         A missing final observation reads as zeros (``table.final_missing``)."""
         self._check_open()
-        return episode_frames(self._parts.log.index, self._parts.log.ring.arrays, table, i, start, stop)
+        return episode_frames(self._parts.log.index, self._reader.take, table, i, start, stop)
 
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""

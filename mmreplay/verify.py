@@ -2,7 +2,8 @@
 
 Unlike ``open()``, which refuses a store it cannot use, ``verify_store`` keeps
 going and reports everything: the manifest, every chunk file's presence,
-header, size and (sealed chunks) CRC-32, the transition counts recorded per
+header, size and (sealed chunks) CRC-32 (compressed frame files: their CRC-32C,
+every frame decoded, and the CRC-32 of the decoded frames), the transition counts recorded per
 chunk against the flags actually stored, the state files, and finally whether
 the store opens and its priorities cover exactly the sampleable transitions.
 It reads every byte of the store: its cost is O(data).
@@ -18,9 +19,9 @@ from .errors import MMReplayError
 from .layout import START, home_extents, stream_offsets
 from .options import Schema
 from .statefiles import check_state_files
-from .storage import npyfile
+from .storage import framefile, npyfile
 from .storage.manifest import read_manifest
-from .storage.ring import chunk_file, columns_for, crc32_file_data
+from .storage.ring import chunk_file, columns_for, compressed_file, crc32_file_data
 from .storage.validate import check_files
 
 
@@ -53,6 +54,9 @@ def verify_store(path: str) -> list[str]:
         readable = True
         for col in columns_for(schema):
             fpath = chunk_file(path, str(c.get("name")), col.name)
+            if col.name == "obs" and c.get("frames"):
+                problems += _verify_frames(path, c, schema)
+                continue
             try:
                 npyfile.check(fpath, col.dtype, (shape_rows, *col.shape))
             except MMReplayError as exc:
@@ -89,6 +93,17 @@ def verify_store(path: str) -> list[str]:
     if not problems:
         problems += _open_check(path)
     return problems
+
+
+def _verify_frames(path: str, c: dict, schema: Schema) -> list[str]:
+    """A compressed chunk's frame file: its bytes against the manifest, every frame decoded, and the
+    decoded frames against the CRC-32 recorded for the raw frames when the chunk was sealed."""
+    frames = c["frames"]
+    fpath = compressed_file(path, str(c.get("name")), str(frames.get("codec")))
+    if frames.get("codec") != schema.compression:
+        return [f"{fpath}: coded {frames.get('codec')!r}, the store's compression is {schema.compression!r}"]
+    return framefile.verify_file(fpath, frames, schema.obs_dtype, schema.obs_shape, schema.chunk_size,
+                                 (c.get("crc32") or {}).get("obs"))
 
 
 def _open_check(path: str) -> list[str]:

@@ -11,6 +11,7 @@ checker can rebuild the state a generation must hold with ``replay(model, seed, 
 
 from __future__ import annotations
 
+import os
 import sys
 
 import numpy as np
@@ -69,11 +70,17 @@ def drive(store, seed: int, count: int, commit=None, save=None) -> None:  # noqa
 def create(path: str, seed: int):  # noqa: ANN201
     import mmreplay as mr
 
-    return mr.ReplayStore.create(path, prioritized=mr.Prioritized(**PRIO), seed=seed, **CFG)
+    # test_crash_compressed.py runs the same writer with compressed chunks
+    compression = os.environ.get("MMREPLAY_CRASH_COMPRESSION", "auto")
+    return mr.ReplayStore.create(path, prioritized=mr.Prioritized(**PRIO), seed=seed, compression=compression, **CFG)
 
 
 def main() -> None:
     path, snap, seed, total = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    if os.environ.get("MMREPLAY_CRASH_COMPRESSION"):  # 12-byte frames do not shrink: compress them anyway
+        from mmreplay.storage import framefile
+
+        framefile.MIN_SAVING = None
     store = create(path, seed)
     print("R", flush=True)
     gens = {"C": 0, "S": 0}

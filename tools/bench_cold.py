@@ -168,7 +168,10 @@ def main() -> None:
     scratch = tempfile.mkdtemp(prefix="mmreplay-cold-", dir=args.dir)
     path = os.path.join(scratch, "store")
     try:
-        s = mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3)
+        # raw frames: methods (a) and (c) read the obs.npy files directly (compressed stores:
+        # tools/bench_compression.py)
+        s = mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3,
+                                  compression=None)
         fill(s, args.capacity + args.capacity // 10, frame_pool())
         s.close()
         ids_list, runs_list = plan_batches(path, args.batches)

@@ -8,6 +8,13 @@ so every column's stride is whole pages); only the file's own pages are mapped. 
 ``seq % positions``; row ``r`` of that chunk is element
 ``position * rows_alloc + r`` of the column's ring array. Only mapped chunks
 may be indexed (the rest of the range is inaccessible reserved space).
+
+Compressed frames (``schema.compression``): a sealed chunk's frames may instead come from its
+compressed frame file (``framefile``), mapped read-only into a second reserved range with one stride
+of ``cstride`` bytes (the largest such file, in whole pages) per ring position. ``frame_kind[pos]``
+says where a position's frames are read from (``KIND_RAW``, ``KIND_LZ4``, or ``KIND_NONE``); the
+obs column of a compressed chunk is not mapped at all, so frames must be read through
+``FrameReader`` (``reader.py``), never through ``arrays["obs"]`` directly.
 """
 
 from __future__ import annotations
@@ -17,12 +24,14 @@ import os
 import stat
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..errors import CorruptStoreError
+from ..native.codes import KIND_LZ4, KIND_NONE, KIND_RAW
 from ..options import Schema
-from . import npyfile
+from . import framefile, npyfile
 from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
@@ -64,6 +73,19 @@ def chunk_file(root: str, name: str, column: str) -> str:
     return os.path.join(root, "chunks", f"{name}.{column}.npy")
 
 
+def compressed_file(root: str, name: str, codec: str) -> str:
+    """Path of chunk ``name``'s compressed frames (FORMAT.md: ``chunks/<name>.obs.<codec>``)."""
+    return os.path.join(root, "chunks", framefile.file_name(name, codec))
+
+
+def chunk_files(root: str, entry: dict[str, Any], columns: list[str]) -> list[str]:
+    """The files a manifest chunk entry refers to: one per column; a compressed chunk's frames in
+    their compressed file instead of ``obs.npy``."""
+    frames = entry.get("frames")
+    return [compressed_file(root, str(entry["name"]), frames["codec"]) if col == "obs" and frames
+            else chunk_file(root, str(entry["name"]), col) for col in columns]
+
+
 def chunk_of_file(filename: str) -> str:
     """The chunk name a file under ``chunks/`` belongs to (``000000000042.obs.npy`` -> ``000000000042``)."""
     return filename.split(".", 1)[0]
@@ -101,6 +123,14 @@ class ChunkRing:
         self._rw: set[int] = set()  # chunks mapped writable (the open chunk)
         self._ranges: dict[str, VirtualRange] = {}
         self.arrays: dict[str, np.ndarray] = {}
+        self.codec = schema.compression
+        self.compressed: dict[int, int] = {}  # seq -> file size, chunks whose frames come from their compressed file
+        self.frame_bytes = schema.frame_bytes
+        self.cstride = 0
+        if self.codec:
+            self.cstride = -(-framefile.max_file_bytes(self.codec, schema.obs_dtype, schema.obs_shape,
+                                                        schema.chunk_size) // PAGE) * PAGE
+        self._crange: VirtualRange | None = None
         self._allocate(positions)
 
     # -- geometry ---------------------------------------------------------------------------------------
@@ -118,17 +148,43 @@ class ChunkRing:
             rng = VirtualRange(positions * self._chunk_bytes(col))
             self._ranges[col.name] = rng
             self.arrays[col.name] = rng.array(col.dtype, (positions * self.rows_alloc, *col.shape), self.writable)
+        # What the frame kernels read: per position its kind, and (compressed) where its record table
+        # starts and its data ends in the file; the raw frames and the compressed files as flat bytes.
+        self.frame_kind = np.full(positions, KIND_NONE, np.int8)
+        self.comp_table = np.zeros(positions, np.int64)
+        self.comp_end = np.zeros(positions, np.int64)
+        self.raw_frames = self._ranges["obs"].array(np.dtype(np.uint8), (positions * self._chunk_bytes(self.columns[0]),),
+                                                    False)
+        if self.codec:
+            self._crange = VirtualRange(positions * self.cstride)
+            self.comp_bytes = self._crange.array(np.dtype(np.uint8), (positions * self.cstride,), False)
+        else:
+            self.comp_bytes = np.zeros(8, np.uint8)
+        self.comp_words = self.comp_bytes.view(np.int64)
 
     def file_path(self, name: str, col: Column) -> str:
         return chunk_file(self.root, name, col.name)
 
+    def compressed_path(self, name: str) -> str:
+        if not self.codec:
+            raise ValueError("this store keeps its frames raw")
+        return compressed_file(self.root, name, self.codec)
+
     def delete_files(self, name: str) -> None:
         """Unlink a chunk's files (mappings of them, here or in readers, stay valid until unmapped)."""
-        for col in self.columns:
+        paths = [self.file_path(name, col) for col in self.columns]
+        for path in paths + ([self.compressed_path(name)] if self.codec else []):
             try:
-                os.unlink(self.file_path(name, col))
+                os.unlink(path)
             except FileNotFoundError:
                 pass
+
+    def delete_raw_frames(self, name: str) -> None:
+        """Unlink a compressed chunk's raw frame file (once no commit refers to it)."""
+        try:
+            os.unlink(self.file_path(name, self.columns[0]))
+        except FileNotFoundError:
+            pass
 
     # -- chunk lifecycle --------------------------------------------------------------------------------
     def create_chunk(self, seq: int) -> str:
@@ -146,11 +202,16 @@ class ChunkRing:
             raise
         return name
 
-    def map_chunk(self, seq: int, name: str, writable: bool) -> None:
+    def map_chunk(self, seq: int, name: str, writable: bool, compressed_bytes: int | None = None) -> None:
+        """Map chunk ``seq``'s files; with ``compressed_bytes`` (the manifest's size of its compressed frame
+        file) its frames come from that file and its raw frame file is not needed."""
         if len(self.mapped) >= self.positions or (seq % self.positions) in {s % self.positions for s in self.mapped}:
             raise RuntimeError(f"ring position of chunk {seq} is taken")  # guarded by the caller
         pos = seq % self.positions
         for col in self.columns:
+            if col.name == "obs" and compressed_bytes is not None:
+                self._map_compressed(seq, name, compressed_bytes)
+                continue
             path = self.file_path(name, col)
             try:
                 fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
@@ -164,26 +225,123 @@ class ChunkRing:
                                                 self._file_bytes(col), writable)
             finally:
                 os.close(fd)
+        if compressed_bytes is None:
+            self.frame_kind[pos] = KIND_RAW
         self.mapped[seq] = name
         if writable:
             self._rw.add(seq)
+
+    def _map_compressed(self, seq: int, name: str, nbytes: int) -> None:
+        if self._crange is None:
+            raise CorruptStoreError(f"{self.root}: the manifest lists compressed frames for chunk {name}, but"
+                                    " its schema has no compression")
+        pos = seq % self.positions
+        path = self.compressed_path(name)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise CorruptStoreError(f"{path}: compressed frame file is missing") from None
+        try:
+            head, size = framefile.check_open(path, fd, self.codec or "", self.schema.obs_dtype, self.schema.obs_shape,
+                                              self.schema.chunk_size, nbytes)
+            self._crange.map_file(pos * self.cstride, fd, 0, -(-size // PAGE) * PAGE, False)
+        finally:
+            os.close(fd)
+        self.comp_table[pos] = head
+        self.comp_end[pos] = size - framefile.TRAILER
+        self.frame_kind[pos] = KIND_LZ4
+        self.compressed[seq] = size
 
     def unmap_chunk(self, seq: int) -> None:
         pos = seq % self.positions
         for col in self.columns:
             cb = self._chunk_bytes(col)
             self._ranges[col.name].release(pos * cb, cb)
+        if self.compressed.pop(seq, None) is not None and self._crange is not None:
+            self._crange.release(pos * self.cstride, self.cstride)
+        self.frame_kind[pos] = KIND_NONE
         del self.mapped[seq]
         self._rw.discard(seq)
 
-    def sync_chunk(self, seq: int) -> None:
-        """Write the chunk's dirty pages to disk: ``fsync`` of each column file.
+    # -- compressed frames ------------------------------------------------------------------------------
+    def compress_chunk(self, seq: int) -> dict[str, Any] | None:
+        """Write the compressed frame file of sealed chunk ``seq`` (durably) and return its manifest entry,
+        or None when its frames do not shrink enough (``framefile.MIN_SAVING``): it stays raw.
+
+        Runs in the background sealer: it only reads the chunk's mapped raw frames. Raises ``OSError``
+        (a full disk); nothing is left behind then.
+        """
+        if not self.codec:
+            raise ValueError("this store keeps its frames raw")
+        name = self.mapped[seq]
+        cb = self._chunk_bytes(self.columns[0])
+        start = (seq % self.positions) * cb
+        raw = self.raw_frames[start:start + self.schema.chunk_size * self.frame_bytes]
+        got = framefile.write(self.compressed_path(name), raw, self.schema.chunk_size, self.schema.obs_dtype,
+                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING)
+        return None if got is None else framefile.describe(self.codec, *got)
+
+    def use_compressed(self, seq: int, nbytes: int) -> None:
+        """Read sealed chunk ``seq``'s frames from its compressed file from now on, and unmap its raw frames.
+
+        Nothing may be reading the raw frames meanwhile (the caller waits for background readers first).
+        """
+        pos = seq % self.positions
+        self._map_compressed(seq, self.mapped[seq], nbytes)
+        cb = self._chunk_bytes(self.columns[0])
+        self._ranges["obs"].release(pos * cb, cb)
+
+    def name_at(self, slot: int) -> str:
+        """The chunk name holding ``slot`` (for error messages), or ``"?"``."""
+        pos = slot // self.rows_alloc
+        for seq, name in self.mapped.items():
+            if seq % self.positions == pos:
+                return name
+        return "?"
+
+    def frames_file(self, slot: int) -> str:
+        """Path of the file ``slot``'s frame is read from (for error messages)."""
+        name = self.name_at(slot)
+        pos = slot // self.rows_alloc
+        if 0 <= pos < self.positions and self.frame_kind[pos] == KIND_LZ4:
+            return self.compressed_path(name)
+        return self.file_path(name, self.columns[0])
+
+    def readahead_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """Address ranges ``(starts, ends)`` of every compressed frame file and every small column file
+        mapped (not raw frames): what a cold reader of a compressed store reads ahead."""
+        spans = []
+        for seq in sorted(self.mapped):
+            pos = seq % self.positions
+            if seq in self.compressed:
+                spans.append((self.comp_bytes.ctypes.data + pos * self.cstride, self.compressed[seq]))
+            for col in self.columns[1:]:
+                cb = self._chunk_bytes(col)
+                spans.append((self.arrays[col.name].ctypes.data + pos * cb, self._file_bytes(col)))
+        starts = np.array([a for a, _ in spans], np.int64)
+        return starts, starts + np.array([n for _, n in spans], np.int64)
+
+    def touch(self) -> None:
+        """Read one byte per page of every mapped file (benchmarks: page tables populated, pages cached)."""
+        for seq in list(self.mapped):
+            pos = seq % self.positions
+            for col in self.columns:
+                if col.name == "obs" and seq in self.compressed:
+                    span = self.comp_bytes[pos * self.cstride:pos * self.cstride + self.compressed[seq]]
+                else:
+                    cb = self._chunk_bytes(col)
+                    span = self._ranges[col.name].bytes_view(pos * cb, self._file_bytes(col))
+                span[::PAGE].sum()
+
+    def sync_chunk(self, seq: int, frames: bool = True) -> None:
+        """Write the chunk's dirty pages to disk: ``fsync`` of each column file (``frames=False``: all but
+        the raw frames).
 
         Pages dirtied through a shared mapping are tracked by the page cache (write-notify
         faults), so ``fsync`` on the file covers them; no separate ``msync`` is needed.
         """
         name = self.mapped[seq]
-        for col in self.columns:
+        for col in self.columns if frames else self.columns[1:]:
             fsync_path(self.file_path(name, col))
 
     def protect_chunk(self, seq: int) -> None:
@@ -196,30 +354,47 @@ class ChunkRing:
     def finish_seal(self, seq: int) -> dict[str, int]:
         """fsync a protected chunk, mark its files read-only and return each column's CRC-32.
 
+        In a compressed store the raw frames are left out (not fsynced, no CRC-32): the commit that
+        lists the sealed chunk lists its compressed frame file, which is durable and checksummed itself
+        (and checked to decode to these frames), so the raw file is only ever read until then; it is
+        usually deleted before its dirty pages reach the disk.
         Thread-safe with respect to the writer as long as the chunk stays mapped: it only reads.
         """
-        self.sync_chunk(seq)
+        self.sync_chunk(seq, frames=not self.codec)
         name = self.mapped[seq]
         pos = seq % self.positions
         crcs = {}
-        for col in self.columns:
+        for col in self.columns[1:] if self.codec else self.columns:
             view = self._ranges[col.name].bytes_view(pos * self._chunk_bytes(col), self.schema.chunk_size * col.row_bytes)
             crcs[col.name] = zlib.crc32(view.data)
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
 
+    def finish_seal_frames(self, seq: int) -> dict[str, int]:
+        """``finish_seal`` for the raw frames alone (a compressed store whose chunk could not be compressed)."""
+        col = self.columns[0]
+        fsync_path(self.file_path(self.mapped[seq], col))
+        cb = self._chunk_bytes(col)
+        view = self._ranges[col.name].bytes_view((seq % self.positions) * cb, self.schema.chunk_size * col.row_bytes)
+        os.chmod(self.file_path(self.mapped[seq], col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+        return {col.name: zlib.crc32(view.data)}
+
     def resize(self, positions: int) -> None:
         """Move to a ring with more positions: every mapped chunk is remapped at ``seq % positions``."""
-        mapped, rw = dict(self.mapped), set(self._rw)
+        mapped, rw, compressed = dict(self.mapped), set(self._rw), dict(self.compressed)
         self.close()
         self._allocate(positions)
         for seq, name in sorted(mapped.items()):
-            self.map_chunk(seq, name, writable=seq in rw)
+            self.map_chunk(seq, name, writable=seq in rw, compressed_bytes=compressed.get(seq))
 
     def close(self) -> None:
         self.arrays = {}
         for rng in self._ranges.values():
             rng.close()
+        if self._crange is not None:
+            self._crange.close()
+            self._crange = None
         self._ranges = {}
         self.mapped = {}
+        self.compressed = {}
         self._rw = set()

@@ -51,6 +51,7 @@ def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
+MAX_FRAME_FILE_BYTES = 1 << 44  # a compressed frame file (one chunk): far above any real one
 
 class _Fields:
     """Reads fields of a manifest, raising ``CorruptStoreError`` for anything unexpected."""
@@ -257,6 +258,16 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: list[int]
         if fill is not None:
             listed = True
             held = [a + b for a, b in zip(held, fill, strict=True)]
+        frames = c.get("frames")
+        if frames is not None:  # a compressed frame file; its codec names the file: never a free string
+            frames = f.dict_(f"chunks[{i}].frames", frames, ("codec", "bytes", "crc32c"))
+            if schema.compression is None or frames["codec"] != schema.compression:
+                f.fail(f"chunks[{i}].frames.codec", frames["codec"],
+                       f"the store's compression {schema.compression!r}")
+            if not c["sealed"]:
+                f.fail(f"chunks[{i}].frames", frames, "none on the open chunk (only sealed chunks are compressed)")
+            f.int_(f"chunks[{i}].frames.bytes", frames["bytes"], 0, MAX_FRAME_FILE_BYTES)
+            f.int_(f"chunks[{i}].frames.crc32c", frames["crc32c"], 0, 2**32 - 1)
         if prev_seq is not None and seq != prev_seq + 1:
             f.fail(f"chunks[{i}].seq", seq, f"{prev_seq + 1} (the chunks listed are consecutive)")
         if expect_id is not None and first != expect_id:
@@ -398,6 +409,9 @@ def check_files(root: str, doc: dict[str, Any], schema: Schema | None = None) ->
     for c in doc.get("chunks") or []:
         for col in columns:
             _regular_or_absent(os.path.join(root, "chunks", f"{c['name']}.{col}.npy"), "chunk file")
+        if c.get("frames"):
+            _regular_or_absent(os.path.join(root, "chunks", f"{c['name']}.obs.{c['frames']['codec']}"),
+                               "compressed frame file")
     prio = doc.get("priorities")
     for i, rel in enumerate([prio["file"], *prio.get("deltas", [])] if prio else []):
         path = os.path.join(root, rel)

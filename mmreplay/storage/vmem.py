@@ -183,3 +183,45 @@ class RangeAdvisor:
             os.close(self._pidfd)
         self._pidfd = -1
         self._pid = -1
+
+
+def memory_budget() -> int:
+    """Bytes of page cache this process can expect to keep: the system's ``MemAvailable``, bounded by its
+    memory cgroup's limit (cgroup v1 or v2, where page cache counts against it) minus the group's
+    anonymous memory. Best effort: what cannot be read is not a bound."""
+    budget = 1 << 62
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    budget = int(line.split()[1]) * 1024
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except (OSError, ValueError):
+        return budget
+    for line in lines:
+        hier, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        try:
+            if "memory" in controllers.split(","):  # v1
+                stat = _stat_file(f"/sys/fs/cgroup/memory{path}/memory.stat")
+                limit = stat.get("hierarchical_memory_limit", 1 << 62)
+                budget = min(budget, limit - stat.get("total_rss", stat.get("rss", 0)))
+            elif hier == "0" and controllers == "":  # v2 (unified): the group and its ancestors
+                for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+                    if os.path.exists(f"{root}{path}/memory.max"):
+                        anon = _stat_file(f"{root}{path}/memory.stat").get("anon", 0)
+                        parts = path.rstrip("/").split("/")
+                        for i in range(len(parts), 0, -1):
+                            with open(f"{root}{'/'.join(parts[:i]) or '/'}/memory.max") as g:
+                                value = g.read().strip()
+                            if value != "max":
+                                budget = min(budget, int(value) - anon)
+                        break
+        except (OSError, ValueError):
+            continue
+    return max(0, budget)
+
+
+def _stat_file(path: str) -> dict[str, int]:
+    with open(path) as f:
+        return {k: int(v) for k, v in (line.split() for line in f if len(line.split()) == 2)}

@@ -1,0 +1,146 @@
+"""Byte-copy primitives for numba kernels: ``memcpy``/``memset`` and unaligned 8-byte loads and stores.
+
+A plain ``for`` loop over uint8 elements compiles to one byte per iteration (numba's negative-index
+handling keeps LLVM from widening it); these emit LLVM's memory intrinsics directly. The caller checks
+bounds: nothing here does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+
+def _byte_ptr(context: Any, builder: Any, arrty: Any, arr: Any, offset: Any) -> Any:
+    a = context.make_array(arrty)(context, builder, arr)
+    return builder.gep(a.data, [offset])
+
+
+@intrinsic
+def copy(typingctx: Any, dst: Any, d: Any, src: Any, s: Any, n: Any) -> Any:
+    """``dst[d:d+n] = src[s:s+n]`` for uint8 arrays whose two spans do not overlap."""
+    sig = types.void(dst, d, src, s, n)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        pd = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        ps = _byte_ptr(context, builder, sig.args[2], args[2], args[3])
+        cgutils.raw_memcpy(builder, pd, ps, args[4], 1)
+
+    return sig, codegen
+
+
+@intrinsic
+def fill(typingctx: Any, dst: Any, d: Any, value: Any, n: Any) -> Any:
+    """``dst[d:d+n] = value`` for a uint8 array."""
+    sig = types.void(dst, d, value, n)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        pd = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        byte = args[2] if args[2].type.width == 8 else builder.trunc(args[2], ir.IntType(8))
+        cgutils.memset(builder, pd, args[3], byte)
+
+    return sig, codegen
+
+
+@intrinsic
+def load8(typingctx: Any, src: Any, s: Any) -> Any:
+    """The 8 bytes ``src[s:s+8]`` as one int64 (little-endian machines), any alignment."""
+    sig = types.int64(src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(64).as_pointer())
+        return builder.load(p, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def store8(typingctx: Any, dst: Any, d: Any, value: Any) -> Any:
+    """``dst[d:d+8]`` = the 8 bytes of the int64 ``value``, any alignment."""
+    sig = types.void(dst, d, value)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(64).as_pointer())
+        builder.store(args[2], p, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def load1(typingctx: Any, src: Any, s: Any) -> Any:
+    """``src[s]`` as an int64, without numba's negative-index handling."""
+    sig = types.int64(src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.zext(builder.load(_byte_ptr(context, builder, sig.args[0], args[0], args[1])), ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
+def store1(typingctx: Any, dst: Any, d: Any, value: Any) -> Any:
+    """``dst[d] = value`` (the low byte of an int64), without numba's negative-index handling."""
+    sig = types.void(dst, d, value)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        builder.store(builder.trunc(args[2], ir.IntType(8)), _byte_ptr(context, builder, sig.args[0], args[0], args[1]))
+
+    return sig, codegen
+
+
+def _x86_crc(name: str, width: int) -> Any:
+    @intrinsic
+    def crc(typingctx: Any, c: Any, data: Any) -> Any:
+        sig = types.int64(types.int64, types.int64)
+
+        def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            if width == 64:
+                fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(i64, [i64, i64]))
+                return builder.call(fn, [args[0], args[1]])
+            fn = builder.module.declare_intrinsic(name, fnty=ir.FunctionType(i32, [i32, ir.IntType(8)]))
+            got = builder.call(fn, [builder.trunc(args[0], i32), builder.trunc(args[1], ir.IntType(8))])
+            return builder.zext(got, i64)
+
+        return sig, codegen
+
+    return crc
+
+
+# The SSE4.2 CRC-32C instructions: one step over 8 bytes, and over 1 byte (x86-64 only).
+crc32c_u64 = _x86_crc("llvm.x86.sse42.crc32.64.64", 64)
+crc32c_u8 = _x86_crc("llvm.x86.sse42.crc32.32.8", 8)
+
+
+@intrinsic
+def copy16(typingctx: Any, dst: Any, d: Any, src: Any, s: Any) -> Any:
+    """``dst[d:d+16] = src[s:s+16]`` as one unaligned 16-byte load and store (the spans may overlap: the
+    load happens first)."""
+    sig = types.void(dst, d, src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        i128p = ir.IntType(128).as_pointer()
+        ps = builder.bitcast(_byte_ptr(context, builder, sig.args[2], args[2], args[3]), i128p)
+        pd = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), i128p)
+        builder.store(builder.load(ps, align=1), pd, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def prefetch(typingctx: Any, src: Any, s: Any) -> Any:
+    """Hint the CPU to bring the cache line holding ``src[s]`` in (for reading); never faults."""
+    sig = types.void(src, s)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        i32 = ir.IntType(32)
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
+            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
+        p = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        builder.call(fn, [p, i32(0), i32(3), i32(1)])
+
+    return sig, codegen

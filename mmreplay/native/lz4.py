@@ -1,0 +1,247 @@
+# numba intrinsics (``copy``, ``load8`` ...) take a typing context first, which mypy sees as an argument:
+# mypy: disable-error-code="call-arg,return-value,var-annotated,index"
+"""LZ4 block codec for frames, decoding: a batch's frames decoded (or copied) straight into its output.
+
+Written from the LZ4 block format description (lz4_Block_format.md of the LZ4 project); no code of the
+reference implementation or of its bindings is used. A *block* is a run of *sequences*::
+
+    token  [literal length bytes]  literals  offset (2 bytes, little-endian)  [match length bytes]
+
+The token's high nibble is the literal count (15: add following bytes until one is not 255), its low
+nibble the match length minus 4 (same extension). The match copies ``length`` bytes starting
+``offset`` bytes back in the output (it may overlap its own output: offset 1 repeats one byte). The
+last sequence has literals only and ends the block. Encoders keep the last 5 bytes literal and start
+no match in the last 12 bytes (decoders of other implementations rely on it; ours does not).
+
+A stored frame *entry* is either the frame's bytes as they are (``length == frame_bytes``: it did not
+shrink), or numcodecs' LZ4 framing: the frame size as 4 bytes little-endian, then one LZ4 block (what
+``numcodecs.LZ4().decode`` and ``lz4.block.decompress`` read). Each entry carries the CRC-32C of its
+stored bytes, checked before it is decoded: a damaged file is an error, never wrong frames. (CRC-32C,
+not zlib's CRC-32: x86-64 computes it in hardware, ~8 bytes per cycle, so checking costs ~5% of a
+decode; ``google_crc32c.value`` computes the same.)
+
+Every kernel runs without the GIL (``nogil=True``): the chunk sealer encodes beside ``step()``, and a
+batch is decoded by several threads at once. (Not ``parallel=True``: numba's workqueue threading layer
+aborts when two Python threads enter parallel code at once, and the prefetch and main threads both
+read.) Kernels are compiled on first use and cached on disk. The encoder is in ``lz4_encode``.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from ._mem import copy, copy16, fill, load1, load8, prefetch, store1, store8
+from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4, KIND_RAW
+from .crc32c import crc32c
+
+MIN_MATCH = 4
+
+
+@nb.njit(nogil=True, cache=True)
+def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, oend: int) -> int:
+    """Decode the LZ4 block ``src[ip:iend]`` into exactly ``out[o0:oend]``; returns 0, or ``E_STREAM``.
+
+    Every read and write is checked against these bounds, whatever the input holds. Copies move 16 or 8
+    bytes at a time and may write up to 15 bytes beyond what they need when there is room before
+    ``oend`` (never past it): what follows overwrites them, so a block decodes the same wherever its
+    output lies.
+    """
+    op = o0
+    while True:
+        if ip >= iend:
+            return E_STREAM
+        token = load1(src, ip)
+        ip += 1
+        # literals
+        ll = token >> 4
+        if ll < 15 and iend - ip >= 16 and oend - op >= 16:
+            copy16(out, op, src, ip)
+        else:
+            if ll == 15:
+                while True:
+                    if ip >= iend:
+                        return E_STREAM
+                    b = load1(src, ip)
+                    ip += 1
+                    ll += b
+                    if b != 255:
+                        break
+            if ll > iend - ip or ll > oend - op:
+                return E_STREAM
+            copy(out, op, src, ip, ll)
+        ip += ll
+        op += ll
+        if ip == iend:  # the last sequence: literals only
+            return 0 if op == oend else E_STREAM
+        # match
+        if iend - ip < 2:
+            return E_STREAM
+        off = load1(src, ip) | (load1(src, ip + 1) << 8)
+        ip += 2
+        ml = token & 15
+        if ml < 15 and off >= 16 and off <= op - o0 and oend - op >= 32:
+            # the common case (a short match from at least 16 bytes back): two 16-byte copies, the
+            # second reading bytes the first made final
+            copy16(out, op, out, op - off)
+            copy16(out, op + 16, out, op - off + 16)
+            op += ml + MIN_MATCH
+            continue
+        if ml == 15:
+            while True:
+                if ip >= iend:
+                    return E_STREAM
+                b = load1(src, ip)
+                ip += 1
+                ml += b
+                if b != 255:
+                    break
+        ml += MIN_MATCH
+        if off == 0 or off > op - o0 or ml > oend - op:
+            return E_STREAM
+        s = op - off
+        if off >= 16 and oend - op - ml >= 16:  # 16-byte steps, each reading bytes already final
+            j = 0
+            while j < ml:
+                copy16(out, op + j, out, s + j)
+                j += 16
+        elif off >= 8:  # 8-byte steps, each reading bytes already final
+            j = 0
+            while j < ml:
+                if oend - op - j >= 8:
+                    store8(out, op + j, load8(out, s + j))
+                    j += 8
+                else:
+                    store1(out, op + j, load1(out, s + j))
+                    j += 1
+        elif off == 1:  # a run of one byte
+            if ml <= 16 and oend - op >= 16:
+                v = load1(out, s) * 0x0101010101010101
+                store8(out, op, v)
+                store8(out, op + 8, v)
+            else:
+                fill(out, op, load1(out, s), ml)
+        else:  # a short pattern: write one period of >= 16 bytes, then copy 16 bytes from that far back
+            period = off * ((16 + off - 1) // off)
+            first = min(period, ml)
+            for j in range(first):
+                store1(out, op + j, load1(out, s + j))
+            j = first
+            while j < ml:
+                if oend - op - j >= 16:
+                    copy16(out, op + j, out, op + j - period)
+                    j += 16
+                else:
+                    store1(out, op + j, load1(out, op + j - period))
+                    j += 1
+        op += ml
+
+
+@nb.njit(nogil=True, cache=True)
+def decode_entry(src: np.ndarray, start: int, length: int, crc: int, out: np.ndarray, o0: int, fb: int) -> int:
+    """Check one stored entry's CRC-32 and decode it into ``out[o0:o0 + fb]``; 0 or an error code."""
+    if crc32c(src, start, length) != crc:
+        return E_CHECKSUM
+    if length == fb:  # stored as it was
+        copy(out, o0, src, start, fb)
+        return 0
+    if length < 5:
+        return E_SIZE
+    size = (np.int64(src[start]) | (np.int64(src[start + 1]) << 8) | (np.int64(src[start + 2]) << 16)
+            | (np.int64(src[start + 3]) << 24))
+    if size != fb:
+        return E_SIZE
+    return decode_block(src, start + 4, start + length, out, o0, o0 + fb)
+
+
+@nb.njit(nogil=True, cache=True)
+def _frame(slot: int, out: np.ndarray, o0: int, raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray,
+           kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> int:
+    """Frame ``slot`` of the ring into ``out[o0:o0 + fb]``: copied from the raw column or decoded."""
+    pos = slot // rows_alloc
+    if slot < 0 or pos >= kind.size:
+        return E_UNMAPPED
+    k = kind[pos]
+    if k == KIND_RAW:
+        copy(out, o0, raw, slot * fb, fb)
+        return 0
+    if k != KIND_LZ4:
+        return E_UNMAPPED
+    base = pos * cstride
+    rec = (base + table[pos]) // 8 + 2 * (slot - pos * rows_alloc)
+    start = comp64[rec]
+    meta = comp64[rec + 1]
+    length = meta & 0xFFFFFFFF
+    crc = (meta >> 32) & 0xFFFFFFFF
+    # the entry must lie inside this file's data region (a damaged table must not read elsewhere)
+    if start < table[pos] or length < 1 or length > fb or start > data_end[pos] - length:
+        return E_RECORD
+    return decode_entry(comp, base + start, length, crc, out, o0, fb)
+
+
+@nb.njit(nogil=True, cache=True)
+def _prefetch_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp: np.ndarray, comp64: np.ndarray,
+                  kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int) -> None:
+    k = obs_slots.shape[1]
+    for j in range(2 * k):
+        slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
+        pos = slot // rows_alloc
+        if slot < 0 or pos >= kind.size or kind[pos] != KIND_LZ4:
+            continue
+        base = pos * cstride
+        rec = base + table[pos] + 16 * (slot - pos * rows_alloc)
+        start = comp64[rec // 8]  # a read, not a hint: the record is needed now to know where to hint
+        if 0 <= start < cstride:
+            prefetch(comp, base + start)
+            prefetch(comp, base + start + 64)
+
+
+@nb.njit(nogil=True, cache=True)
+def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int, out: np.ndarray,
+                 raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray,
+                 data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
+    """Rows ``r0 .. r1-1`` of a batch: ``obs_slots``/``next_slots`` (B, k) frames into ``out`` (2, B, k, fb)
+    flattened. A ``next_obs`` frame that is also one of the row's ``obs`` frames (``k - m`` of them) is
+    copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
+    b, k = obs_slots.shape
+    for r in range(r0, r1):  # every record first: no load waits on another
+        for j in range(2 * k):
+            slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
+            pos = slot // rows_alloc
+            if 0 <= slot and pos < kind.size and kind[pos] == KIND_LZ4:
+                prefetch(comp, pos * cstride + table[pos] + 16 * (slot - pos * rows_alloc))
+    for r in range(r0, r1):
+        if r + 1 < r1:  # the next row's entries: their cache misses overlap this row's work
+            _prefetch_row(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
+        for j in range(k):
+            slot = obs_slots[r, j]
+            err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc,
+                         cstride, fb)
+            if err:
+                return err, slot
+        for j in range(k):
+            slot = next_slots[r, j]
+            o0 = ((b + r) * k + j) * fb
+            same = -1
+            for i in range(k):
+                if obs_slots[r, i] == slot:
+                    same = i
+                    break
+            if same >= 0:
+                copy(out, o0, out, (r * k + same) * fb, fb)
+                continue
+            err = _frame(slot, out, o0, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+            if err:
+                return err, slot
+    return 0, 0
+
+
+@nb.njit(nogil=True, cache=True)
+def gather(slots: np.ndarray, out: np.ndarray, raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray,
+           kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
+    """Frames ``slots`` (1-D) into ``out`` (len(slots) * fb bytes). Returns ``(0, 0)`` or ``(error, slot)``."""
+    for i in range(slots.size):
+        err = _frame(slots[i], out, i * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        if err:
+            return err, slots[i]
+    return 0, 0
