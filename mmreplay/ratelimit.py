@@ -219,11 +219,11 @@ class RateLimiter:
         """Before a ``step()`` stores ``n`` transitions: returns at once while under the bound last computed,
         else recomputes it from the shared count and waits until they fit.
 
-        Raises ``RateLimitTimeout`` after ``timeout``, or at once when this store has sampled and no other
-        store object is open to sample (only this process could allow the step).
+        Raises ``RateLimitTimeout`` after ``timeout``, or at once when no other store object is open to
+        sample (only this store's own ``sample()`` could allow the step: waiting would never end).
         """
         if self._ins + n > self._allowed and not self._can_insert(n):
-            if self.sampled_here and not self._readers_present():
+            if not self._readers_present():
                 raise RateLimitTimeout(
                     f"step() is not allowed by the rate limit ({self._insert_blocked(n)}), and no reader store is"
                     " open: only this store's own sample() could allow it, so waiting would never end. Sample"
