@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -22,7 +23,7 @@ def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casti
     arr = value if type(value) is np.ndarray else np.asarray(value)
     if arr.shape != shape:
         raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")
-    if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, casting=casting):
+    if arr.dtype != dtype and arr.size and not np.can_cast(arr.dtype, dtype, casting=casting):
         raise TypeError(
             f"{name}: expected dtype {dtype}, got {arr.dtype}; convert it (e.g. .astype(np.{dtype.name}))"
             f" or create the store with a matching dtype")
@@ -44,6 +45,19 @@ def quantized(name: str, arr: np.ndarray, shape: tuple[int, ...], hint: str) -> 
     return out.astype(np.uint8)
 
 
+@dataclass
+class Block:
+    """A validated ``extend()`` block of ``length`` steps (arrays with a leading time axis)."""
+
+    length: int
+    actions: np.ndarray
+    rewards: np.ndarray  # float64, finite
+    frames: np.ndarray  # the next observations (``length - 1`` of them when the final one is missing)
+    terminated: np.ndarray  # bool
+    truncated: np.ndarray  # bool, never together with terminated
+    extras: dict[str, np.ndarray]
+
+
 class Inputs:
     """Coerces and checks user input for one schema (batched = leading num_envs axis)."""
 
@@ -57,14 +71,16 @@ class Inputs:
         self.quantize = schema.quantize
 
     def obs(self, value: Any, name: str = "next_obs") -> np.ndarray:
-        s = self.schema
+        return self.frames(value, self.lead + self.schema.obs_shape, name, f" (obs_shape{self.batch_hint})")
+
+    def frames(self, value: Any, shape: tuple[int, ...], name: str, hint: str) -> np.ndarray:
+        """Frames of ``shape`` in the obs dtype (quantized first, for a ``quantize=True`` store given floats)."""
         if self.quantize:
             arr = value if type(value) is np.ndarray else np.asarray(value)
             if arr.dtype.kind == "f":
-                return quantized(name, arr, self.lead + s.obs_shape, f" (obs_shape{self.batch_hint})")
+                return quantized(name, arr, shape, hint)
             value = arr
-        return _array(name, value, self.lead + s.obs_shape, s.obs_dtype, "safe",
-                      f" (obs_shape{self.batch_hint})")
+        return _array(name, value, shape, self.schema.obs_dtype, "safe", hint)
 
     def action(self, value: Any) -> np.ndarray:
         s = self.schema
@@ -110,7 +126,51 @@ class Inputs:
             raise TypeError(f"{name}: expected bools, got dtype {arr.dtype}")
         return arr.astype(np.bool_)
 
-    def extras(self, given: dict[str, Any]) -> dict[str, np.ndarray]:
+    def one_obs(self, value: Any, name: str = "obs") -> np.ndarray:
+        """One env's observation (no env axis), as ``reset(obs, env=i)`` takes it."""
+        return self.frames(value, self.schema.obs_shape, name, " (obs_shape: one env's observation)")
+
+    def block(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any,
+              extras: dict[str, Any], final_missing: bool) -> Block:
+        """Check an ``extend()`` block: ``L`` steps of one stream, leading time axis on every array."""
+        s = self.schema
+        rew = np.asarray(rewards)
+        if rew.ndim != 1:
+            raise ValueError(f"rewards: expected a 1-D array of the block's L rewards, got shape {rew.shape}")
+        if rew.size and rew.dtype.kind not in "biuf":
+            raise TypeError(f"rewards: expected real numbers, got dtype {rew.dtype}")
+        n = rew.shape[0]
+        rew = rew.astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(rew))
+        if bad.size:
+            raise ValueError(f"rewards: expected finite numbers, got {rew[bad[0]]} at step {bad[0]}")
+        hint = f" (L={n} steps first, as rewards)"
+        act = _array("actions", actions, (n, *s.action_shape), s.action_dtype, "same_kind", hint)
+        flags = []
+        for name, value in (("terminated", terminated), ("truncated", truncated)):
+            arr = np.asarray(value)
+            if arr.shape != (n,):
+                raise ValueError(f"{name}: expected shape ({n},){hint}, got {arr.shape}")
+            if arr.size and arr.dtype != np.bool_ and not (arr.dtype.kind in "iu" and np.isin(arr, (0, 1)).all()):
+                raise TypeError(f"{name}: expected bools, got dtype {arr.dtype}")
+            flags.append(arr.astype(np.bool_))
+        term, trunc = flags[0], flags[1] & ~flags[0]
+        ends = np.flatnonzero(term | trunc)
+        if ends.size and ends[0] != n - 1:
+            raise ValueError(
+                f"extend(): step {ends[0]} of the {n}-step block ends its episode, but an episode end may only be"
+                " the block's last step; split the block there and start the next episode with reset()")
+        if final_missing and not (n and ends.size):
+            raise ValueError("final_missing=True: the block's last step must end the episode (terminated or truncated)")
+        n_frames = n - 1 if final_missing else n
+        frames = self.frames(next_obs, (n_frames, *s.obs_shape), "next_obs",
+                             f" (the block's {n_frames} next observations"
+                             + (", the final one missing)" if final_missing else ")"))
+        xs = self.extras(extras, lead=(n,), hint=hint) if (extras or s.extras) else {}
+        return Block(n, act, rew, frames, term, trunc, xs)
+
+    def extras(self, given: dict[str, Any], lead: tuple[int, ...] | None = None, hint: str | None = None
+               ) -> dict[str, np.ndarray]:
         s = self.schema
         names = {e.name for e in s.extras}
         unknown = sorted(set(given) - names)
@@ -119,8 +179,10 @@ class Inputs:
         missing = sorted(names - set(given))
         if missing:
             raise TypeError(f"step() is missing extras {missing} declared at create()")
-        return {e.name: _array(f"extras[{e.name!r}]", given[e.name], self.lead + e.shape, e.dtype, "same_kind",
-                               self.batch_hint) for e in s.extras}
+        lead = self.lead if lead is None else lead
+        hint = self.batch_hint if hint is None else hint
+        return {e.name: _array(f"extras[{e.name!r}]", given[e.name], lead + e.shape, e.dtype, "same_kind", hint)
+                for e in s.extras}
 
 
 def ids_array(ids: Any, name: str = "index") -> np.ndarray:

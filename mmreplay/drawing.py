@@ -69,7 +69,7 @@ class Drawer:
             got = sampler.draw(self.rng, batch_size, True, beta)
         self._count += 1
         ids, weight = got
-        head = index.rows
+        head = index.rows.copy()  # each stream's rows now (the index's counters change as rows are written)
         return Draw(ids, weight, before, self._count, index.sequence_plan(index.slots_of(ids), length, head),
                     length, strict, head)
 
@@ -116,7 +116,7 @@ class Drawer:
             "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}
         if pending[0].length:
             entry["sequences"] = {"length": pending[0].length, "strict": pending[0].strict,
-                                  "heads": [d.head for d in pending]}
+                                  "heads": [_head_json(d.head) for d in pending]}
         return {"rng": pending[0].rng_before, "pending_draws": entry}
 
     def discard_pending(self) -> None:
@@ -148,6 +148,12 @@ class Drawer:
             self._pool = None
 
 
+def _head_json(head: Any) -> Any:
+    """A draw's head for the manifest: one count when every stream had written as many rows, else a list."""
+    h = np.asarray(head, np.int64).reshape(-1)
+    return int(h[0]) if (h == h[0]).all() else h.tolist()
+
+
 def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
     state = manifest.get("pending_draws")
     if not state:
@@ -160,5 +166,6 @@ def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[s
     seq = state.get("sequences")
     if seq:
         for d, head in zip(draws, seq["heads"], strict=True):
-            d.length, d.strict, d.head = int(seq["length"]), bool(seq["strict"]), int(head)
+            # one count per stream (format 1: one count, every stream's)
+            d.length, d.strict, d.head = int(seq["length"]), bool(seq["strict"]), np.asarray(head, np.int64)
     return draws, state["rng_after"]

@@ -126,7 +126,10 @@ class Durability:
         ranges = index.invalid_ranges()
         if ranges.size == 0 and index.clear_id == 0:
             return None
-        return {"cleared_below": int(index.clear_id), "cleared_row": int(index.clear_row),
+        row = index.clear_row
+        # one count when every stream had written as many rows (what format 2 readers take), else a list
+        cleared_row = int(row[0]) if (row == row[0]).all() else row.tolist()
+        return {"cleared_below": int(index.clear_id), "cleared_row": cleared_row,
                 "invalid_ids": int((ranges[:, 1] - ranges[:, 0]).sum()),
                 "file": files.write("invalid", ranges) if ranges.size else None}
 
@@ -259,7 +262,9 @@ def restore_validity(root: str, manifest: dict[str, Any], index: Index) -> None:
         return
     ranges = np.empty((0, 2), np.int64)
     try:
-        rel, clear_id, clear_row = entry.get("file"), int(entry["cleared_below"]), int(entry["cleared_row"])
+        rel, clear_id = entry.get("file"), int(entry["cleared_below"])
+        raw = entry["cleared_row"]
+        clear_row: Any = [int(v) for v in raw] if isinstance(raw, list) else int(raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise CorruptStoreError(f"{root}/manifest.json: malformed validity record ({exc!r})") from None
     if rel:

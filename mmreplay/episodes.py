@@ -62,17 +62,15 @@ class EpisodeSteps:
 
 
 def episode_table(flags: np.ndarray, rewards: np.ndarray, slot_id: np.ndarray,
-                  slots_of: Callable[[int, np.ndarray], np.ndarray], num_envs: int, oldest_row: int | np.ndarray,
-                  rows: int) -> EpisodeTable:
-    """Build the table from the index's RAM flags over the retained rows ``[oldest_row, rows)``
-    (``oldest_row``: one for every stream, or per stream).
+                  slots_of: Callable[[int, np.ndarray], np.ndarray], num_envs: int, oldest_row: np.ndarray,
+                  rows: np.ndarray) -> EpisodeTable:
+    """Build the table from the index's RAM flags over each stream's retained rows ``[oldest_row, rows)``.
 
     ``slots_of(stream, row)`` maps rows to ring slots (broadcasting).
     """
     parts: list[list[np.ndarray]] = [[] for _ in range(11)]
-    first_rows = np.broadcast_to(np.asarray(oldest_row, np.int64), (num_envs,))
     for s in range(num_envs):
-        rr = np.arange(int(first_rows[s]), rows, dtype=np.int64)
+        rr = np.arange(oldest_row[s], rows[s], dtype=np.int64)
         if rr.size == 0:
             continue
         sl = slots_of(s, rr)

@@ -3,8 +3,9 @@
 Per slot the index keeps only ``flags`` (uint8), ``epos`` (int32: rows since the
 first stored frame of the episode), ``slot_id`` (int64 transition id) and
 ``valid`` (bool), plus ``id2slot`` — ~22 bytes per slot. It also owns the id
-counters (``oldest_id``, ``next_id``) and the row counters (``rows``,
-``oldest_row``). The words *row*, *stream* and *slot* are defined in ``layout``.
+counters (``oldest_id``, ``next_id``), the row counters of every stream (``rows``,
+``oldest_row``: arrays, one entry per stream) and the ``Geometry`` that maps a
+stream's rows to slots. The words *row*, *stream* and *slot* are defined in ``layout``.
 
 Parts outside use its methods only: ids to slots, validity of ids, the
 sampleable set, a batch's row arithmetic (``plan``), the latest state of each
@@ -13,6 +14,8 @@ chunks retired; the writer tells it about the frames it writes.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -32,10 +35,10 @@ _EMPTY.flags.writeable = False
 
 
 class _Fits:
-    """``Index.fitting_starts``' state: per stream the sorted ids that fitted when rows were ``head``, and
-    the first row whose validity was undecided then."""
+    """``Index.fitting_starts``' state: per stream the sorted ids that fitted when its rows were ``head``,
+    and its first row whose validity was undecided then."""
 
-    def __init__(self, length: int, per_stream: list[np.ndarray], head: int, undecided: int) -> None:
+    def __init__(self, length: int, per_stream: list[np.ndarray], head: np.ndarray, undecided: np.ndarray) -> None:
         self.length = length
         self.per_stream = per_stream
         self.head = head
@@ -59,26 +62,35 @@ class Index:
                                                geometry.positions, stack, n_step, pad == "first", False, 0, 0)
         self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
         size = geometry.positions * geometry.rows_alloc
+        n_env = geometry.num_envs
         self.flags = np.zeros(size, np.uint8)
         self.epos = np.zeros(size, np.int32)
         self.slot_id = np.full(size, -1, np.int64)
         self.valid = np.zeros(size, np.bool_)
         self.id2slot = np.full(size, -1, np.int64)
-        self.seq_of_pos = np.full(geometry.positions, -1, np.int64)  # chunk held at each ring position
-        self.rows = 0  # frame rows written per stream
-        self.oldest_row = 0  # first retained row (all streams)
+        self.rows = np.zeros(n_env, np.int64)  # per stream: frame rows written (updated in place)
+        self.oldest_row = np.zeros(n_env, np.int64)  # per stream: first retained row
+        self.written = 0  # frame rows written by all streams (what ``sync`` compares with)
         self.next_id = 0  # the id the next transition gets
         self.oldest_id = 0  # the oldest retained id (ids below it were evicted)
-        self.checked = np.zeros(geometry.num_envs, np.int64)  # per stream: first row whose validity is undecided
+        self.checked = np.zeros(n_env, np.int64)  # per stream: first row whose validity is undecided
         self.n_valid = 0
-        self._synced_rows = -1
+        self._synced = -1
+        # Per stream, the state of its last frame once that frame was retired (ended, epos, lost):
+        # a stream idle for a whole capacity must still continue its episode correctly.
+        self._tail = np.zeros((n_env, 3), np.int64)
         # invalidate()/clear(): invalidated transitions carry the INVALID bit, so no later decision
         # (sync, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
         # moves the start of what is listed (episodes, transition tables) to the row it happened at.
         self.clear_id = 0  # ids below were removed by clear()
-        self.clear_row = 0  # rows at the time of that clear()
+        self.clear_row = np.zeros(n_env, np.int64)  # per stream: rows at the time of that clear()
         self.validity_changed = False  # invalidated or cleared since the last commit recorded it
         self._fits: _Fits | None = None  # fitting_starts() of the last length asked
+
+    @property
+    def seq_of_pos(self) -> np.ndarray:
+        """The chunk held at each ring position (-1: free)."""
+        return self.geo.seq_of_pos
 
     # -- layout ----------------------------------------------------------------------------------------
     def resize(self, positions: int) -> list[tuple[slice, slice]]:
@@ -87,8 +99,8 @@ class Index:
         Returns ``(old slots, new slots)`` of every retained chunk, for per-slot structures kept elsewhere.
         """
         old = self.geo
-        new = Geometry(old.num_envs, old.rows_per_stream, old.rows_alloc, positions)
-        seqs = [int(q) for q in self.seq_of_pos if q >= 0]
+        new = old.resized(positions)
+        seqs = [int(q) for q in old.seq_of_pos if q >= 0]
         moves = [(old.chunk_slots(q), new.chunk_slots(q)) for q in seqs]
         size = new.size
         arrays = {}
@@ -101,76 +113,86 @@ class Index:
         for name, arr in arrays.items():
             setattr(self, name, arr)
         self.geo = new
-        self.seq_of_pos = np.full(positions, -1, np.int64)
-        for q in seqs:
-            self.seq_of_pos[q % positions] = q
         self.id2slot = np.full(size, -1, np.int64)
         live = np.flatnonzero(self.slot_id >= 0)
         self.id2slot[self.slot_id[live] % size] = live
         return moves
 
-    def rebuild(self, r0: int, slots: np.ndarray, flags: np.ndarray, first_id: int) -> np.ndarray:
-        """Fill the index from the disk flags of retained rows ``r0 ..`` (``slots``/``flags``: (R, streams),
-        rows in order) and decide every row at once. Returns the sampleable slots.
+    def rebuild(self, streams: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
+                tails: np.ndarray | None = None) -> np.ndarray:
+        """Fill the index from the disk flags of every stream's retained rows and decide every row at once.
 
-        Transition ids are counted in (row, stream) order from ``first_id``. This is ``sync()`` specialised
-        for a whole store: the same rules, computed in row space with a few passes over the arrays.
+        ``streams[s] = (r0, slots, flags, ids)``: stream s's first retained row, then the slots, disk
+        flags and transition ids (-1 on START rows) of its retained rows in row order. ``tails``: per
+        stream (ended, epos, lost) of its last frame, used when that frame is not retained. Returns the
+        sampleable slots. This is ``sync()`` specialised for a whole store: the same rules, computed in
+        row space with a few passes over each stream's arrays.
         """
-        n_rows = slots.shape[0]
-        self.oldest_row = r0
-        self.checked[:] = r0
-        self._synced_rows = self.rows
+        if tails is not None:
+            self._tail[:] = tails
+        self._synced = self.written
+        valid = [self._rebuild_stream(s, *parts) for s, parts in enumerate(streams)]
+        live = [(sl[ids >= 0], ids[ids >= 0]) for _, sl, _, ids in streams]
+        size = self.id2slot.size
+        if len(live) == 1 and live[0][1].size and live[0][1][-1] - live[0][1][0] == live[0][1].size - 1:
+            # one stream: its ids are consecutive, so their id2slot positions are one range modulo the
+            # ring (two slices at most) -- no scatter over a million elements on open
+            live_slots, ids = live[0]
+            lo = int(ids[0]) % size
+            cut = min(live_slots.size, size - lo)
+            self.id2slot[lo:lo + cut] = live_slots[:cut]
+            self.id2slot[:live_slots.size - cut] = live_slots[cut:]
+        else:
+            for live_slots, ids in live:
+                self.id2slot[ids % size] = live_slots
+        new = np.concatenate(valid) if valid else np.empty(0, np.int64)
+        self.n_valid = int(new.size)
+        return new
+
+    def _rebuild_stream(self, s: int, r0: int, slots: np.ndarray, flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        n_rows = slots.size
+        self.oldest_row[s] = r0
+        self.checked[s] = r0
         if n_rows == 0:
             return np.empty(0, np.int64)
         k, n = self.stack, self.n_step
-        pos = np.arange(n_rows, dtype=np.int64)[:, None]
+        pos = np.arange(n_rows, dtype=np.int64)
         start = (flags & START) != 0
         end = (flags & (TERMINATED | TRUNCATED)) != 0
         end[:-1] |= start[1:]  # a START ends the episode before it (truncation by reset)
-        last_start = np.maximum.accumulate(np.where(start, pos, -1), axis=0)
+        last_start = np.maximum.accumulate(np.where(start, pos, -1))
         # An episode whose START was retired counts from one row before the oldest: its head is gone.
         epos = np.where(last_start >= 0, pos - last_start, pos + 1)
-        cols = np.arange(slots.shape[1], dtype=np.int64)
         if (flags & HEAD_LOST).any():  # imports only: the flag is propagated to the episode's frames
-            lost = ((flags & HEAD_LOST) != 0)[np.maximum(last_start, 0), cols] & (last_start >= 0)
+            lost = ((flags & HEAD_LOST) != 0)[np.maximum(last_start, 0)] & (last_start >= 0)
         else:
             lost = np.zeros(flags.shape, np.bool_)
         tx = ~start
-        count = np.cumsum(tx.ravel())
-        ids = np.where(tx, first_id + count.reshape(tx.shape) - 1, -1)
         ram_flags = flags | np.where(end, END, 0).astype(np.uint8) | np.where(lost, LOST, 0).astype(np.uint8)
         self.flags[slots] = ram_flags
         self.epos[slots] = epos
         self.slot_id[slots] = ids
-        # ids are consecutive: their id2slot positions are one range modulo the ring (two slices at most)
-        live_slots = slots.ravel()[tx.ravel()]
-        size = self.id2slot.size
-        lo = first_id % size
-        cut = min(live_slots.size, size - lo)
-        self.id2slot[lo:lo + cut] = live_slots[:cut]
-        self.id2slot[:live_slots.size - cut] = live_slots[cut:]
         # Window of the transition at row r: up to the first episode end at or after r, at most n rows.
-        next_end = np.minimum.accumulate(np.where(end, pos, n_rows + n)[::-1], axis=0)[::-1]
+        next_end = np.minimum.accumulate(np.where(end, pos, n_rows + n)[::-1])[::-1]
         dist = next_end - pos
         complete = (dist < n) | (pos + n - 1 < n_rows)
         valid = tx & complete
         if (flags & MISSING).any():  # imports only: rows that would bootstrap from a missing frame
             self.has_missing = True
             last = np.minimum(pos + np.minimum(dist + 1, n) - 1, n_rows - 1)
-            last_f = ram_flags[last, cols]
+            last_f = ram_flags[last]
             valid &= ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
         f0 = pos - epos  # the episode's first stored row (relative; -1 when retired)
         valid &= (~lost & (f0 >= 0)) | (pos - k >= np.maximum(f0, 0))
         incomplete = ~complete
-        self.checked[:] = np.where(incomplete.any(axis=0), r0 + incomplete.argmax(axis=0), r0 + n_rows)
+        self.checked[s] = r0 + int(incomplete.argmax()) if incomplete.any() else r0 + n_rows
         new = slots[valid]
         self.valid[new] = True
-        self.n_valid = int(new.size)
         return new
 
     # -- writing ---------------------------------------------------------------------------------------
     def note_frames(self, slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, ids: np.ndarray) -> None:
-        """Record frames written at ``slots`` (one per stream, or a subset). ids < 0 for START frames."""
+        """Record frames written at ``slots`` (any streams and rows). ids < 0 for START frames."""
         self.flags[slots] = flags
         self.epos[slots] = epos
         self.slot_id[slots] = ids
@@ -179,6 +201,8 @@ class Index:
             self.id2slot[ids % self.id2slot.size] = slots
         elif has.any():
             self.id2slot[ids[has] % self.id2slot.size] = slots[has]
+        if not self.has_missing and (flags & MISSING).any():
+            self.has_missing = True
 
     def mark_end(self, slots: np.ndarray) -> None:
         """A START followed these frames: they ended their episodes (truncation by reset)."""
@@ -197,15 +221,48 @@ class Index:
         """The START frame at ``slot`` begins an episode whose first frames were never stored (imports)."""
         self.flags[slot] |= HEAD_LOST | LOST
 
-    def frame_state(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Of the frames at ``slots``: whether each ended its episode, its episode position, and whether
-        its episode lost its head (the writer resumes its per-stream state from these)."""
-        f = self.flags[slots]
-        return (f & END) != 0, self.epos[slots].copy(), (f & LOST) != 0
+    def last_slots(self) -> np.ndarray:
+        """Per stream: the slot of its last frame, -1 if it wrote none or that frame was retired."""
+        out = np.full(self.geo.num_envs, -1, np.int64)
+        held = (self.rows > 0) & (self.rows > self.oldest_row)
+        if held.any():
+            s = np.flatnonzero(held)
+            out[s] = self.geo.slots(s, self.rows[s] - 1)
+        return out
 
-    def add_chunk(self, seq: int) -> None:
-        """Chunk ``seq`` now occupies its ring position."""
-        self.seq_of_pos[seq % self.geo.positions] = seq
+    def stream_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per stream, of its last frame: whether it ended its episode, its episode position, whether its
+        episode lost its head (the writer resumes from these; a stream that wrote nothing has ended)."""
+        last = self.last_slots()
+        held = last >= 0
+        ended = self._tail[:, 0] != 0
+        epos = self._tail[:, 1].astype(np.int32)
+        lost = self._tail[:, 2] != 0
+        f = self.flags[last[held]]
+        ended[held] = (f & END) != 0
+        epos[held] = self.epos[last[held]]
+        lost[held] = (f & LOST) != 0
+        ended[self.rows == 0] = True
+        return ended, epos, lost
+
+    def add_chunk(self, seq: int, first_rows: np.ndarray | None = None) -> None:
+        """Chunk ``seq`` now occupies its ring position; ``first_rows``: each stream's row at offset 0
+        of its section (default: every stream at ``seq * rows_per_stream``, the layout of batched writes)."""
+        if first_rows is None:
+            first_rows = np.full(self.geo.num_envs, seq * self.geo.rows_per_stream, np.int64)
+        self.geo.place(seq, first_rows)
+
+    def seal_chunk(self, seq: int, fills: np.ndarray) -> None:
+        """Chunk ``seq`` was sealed holding ``fills`` rows of each stream."""
+        self.geo.seal(seq, fills)
+
+    def restore_chunk(self, seq: int, first_rows: np.ndarray, fills: np.ndarray, extents: list[list[int]] | None,
+                      sealed: bool) -> None:
+        """A committed chunk (opening a store); ``restored()`` follows once every chunk is placed."""
+        self.geo.restore(seq, first_rows, fills, extents, sealed)
+
+    def restored(self) -> None:
+        self.geo.restored()
 
     # -- ids -------------------------------------------------------------------------------------------
     @property
@@ -279,36 +336,44 @@ class Index:
     # -- reading ---------------------------------------------------------------------------------------
     def plan(self, slots: np.ndarray) -> Plan:
         """The row arithmetic of the batch of valid transition slots ``slots``: one native pass
-        (``native.plan.plan_batch``), equal array for array to ``plan.RowMath.plan`` (its oracle)."""
+        (``native.plan.plan_batch``, equal array for array to ``plan.RowMath.plan``, its oracle) while the
+        streams are in lockstep and laid out as format 1 lays them out (rows in chunk ``row // R``); the
+        numpy plan otherwise (streams written apart: rows mapped through the geometry)."""
+        geo = self.geo
+        rows, oldest = self.rows, self.oldest_row
+        if not geo.lockstep or (geo.num_envs > 1 and (rows.min() != rows.max() or oldest.min() != oldest.max())):
+            return self.plan_numpy(slots)
         cfg = self._plan_config
-        cfg[native_plan.C_POSITIONS] = self.geo.positions
-        cfg[native_plan.C_HAS_MISSING] = int(self.has_missing)
-        cfg[native_plan.C_OLDEST_ROW] = self.oldest_row
-        cfg[native_plan.C_ROWS] = self.rows
+        cfg[native_plan.C_POSITIONS] = geo.positions
+        cfg[native_plan.C_HAS_MISSING] = self.has_missing
+        cfg[native_plan.C_OLDEST_ROW] = oldest.item(0)
+        cfg[native_plan.C_ROWS] = rows.item(0)
         stacks, pad, reward_slots, reward_weights, m, ends = native_plan.plan_batch(
             slots, self.flags, self.epos, self.seq_of_pos, cfg, self.math.gammas)
         return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
                     ends[2], stacks, pad)
 
     def plan_numpy(self, slots: np.ndarray) -> Plan:
-        """``plan`` through numpy (``plan.RowMath.plan``): the reference the native pass is checked against."""
-        return self.math.plan(self.flags, self.epos, self.geo, slots, self.seq_of_pos, self.oldest_row,
-                              self.rows, self.has_missing)
+        """``plan`` through numpy (``plan.RowMath.plan``): any layout, and the reference of the native pass."""
+        return self.math.plan(self.flags, self.epos, self.geo, slots, self.oldest_row, self.rows, self.has_missing)
 
-    def sequence_plan(self, slots: np.ndarray, length: int, head: int | None = None) -> SequencePlan:
+    def sequence_plan(self, slots: np.ndarray, length: int, head: np.ndarray | None = None) -> SequencePlan:
         """The row arithmetic of sequences of ``length`` steps from valid transition slots ``slots``, as they
-        were when ``head`` rows were written (default: now; see ``sequences.sequence_plan``)."""
-        head = self.rows if head is None else head
-        if not self.oldest_row < head <= self.rows:
-            raise ValueError(f"head: expected a row count in ({self.oldest_row}, {self.rows}], got {head}")
-        if slots.size and int(self.geo.rows_of(slots, self.seq_of_pos)[1].max()) >= head:
-            raise ValueError(f"head: {head} rows cannot hold these starts (a start must be written before it)")
-        return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, self.seq_of_pos, slots,
-                             length, head)
+        were when each stream had written ``head`` rows (default: now; see ``sequences.sequence_plan``)."""
+        head = self.rows.copy() if head is None else np.broadcast_to(np.asarray(head, np.int64), self.rows.shape)
+        if head.shape != self.rows.shape or (head > self.rows).any() or (head < self.oldest_row).any():
+            raise ValueError(f"head: expected a row count per stream in [{self.oldest_row.tolist()},"
+                             f" {self.rows.tolist()}], got {head.tolist()}")
+        if slots.size:
+            s, rho = self.geo.rows_of(slots)
+            if (rho >= head[s]).any():
+                raise ValueError(f"head: {head.tolist()} rows cannot hold these starts (a start must be written"
+                                 " before it)")
+        return sequence_plan(self.math, self.flags, self.epos, self.slot_id, self.geo, slots, length, head)
 
     def sequence_fits(self, slots: np.ndarray, length: int) -> np.ndarray:
         """Which valid transition slots start ``length`` steps of their episode, written now (bool mask)."""
-        return sequence_fits(self.epos, self.geo, self.seq_of_pos, slots, length, self.rows)
+        return sequence_fits(self.epos, self.geo, slots, length, self.rows)
 
     def fitting_starts(self, length: int) -> np.ndarray:
         """Ids of the sampleable transitions that start ``length`` steps of their episode (strict sequences).
@@ -324,42 +389,46 @@ class Index:
         if c is None or c.length != length:
             ids = self.valid_ids()
             ids = ids[self.sequence_fits(self.slots_of(ids), length)]
-            per = [ids[self.geo.rows_of(self.slots_of(ids), self.seq_of_pos)[0] == s] for s in streams]
+            per = [ids[self.geo.rows_of(self.slots_of(ids))[0] == s] for s in streams]
         else:
             per = c.per_stream
-            cut = max(min(c.head - length + 1, c.undecided), self.oldest_row)
-            if self.rows > cut:
-                region = self.geo.slots(streams[:, None], np.arange(cut, self.rows, dtype=np.int64)[None, :])
-                rid = self.slot_id[region]  # (streams, rows): ids grow with the row inside a stream
-                for s in streams:
-                    new = rid[s][rid[s] >= 0]
-                    if not new.size:
-                        continue
-                    old = per[s]
-                    old = old[(old >= self.oldest_id) & (old < new[0])]  # entries of rows before the cut
-                    sl = self.slots_of(new)
-                    per[s] = np.concatenate([old, new[self.valid[sl] & self.sequence_fits(sl, length)]])
+            cuts = np.maximum(np.minimum(c.head - length + 1, c.undecided), self.oldest_row)
+            for s in streams.tolist():
+                cut, rows = int(cuts[s]), int(self.rows[s])
+                if rows <= cut:
+                    continue
+                rid = self.slot_id[self.geo.slots(s, np.arange(cut, rows, dtype=np.int64))]  # ids grow with the row
+                new = rid[rid >= 0]
+                if not new.size:
+                    continue
+                old = per[s]
+                old = old[(old >= self.oldest_id) & (old < new[0])]  # entries of rows before the cut
+                sl = self.slots_of(new)
+                per[s] = np.concatenate([old, new[self.valid[sl] & self.sequence_fits(sl, length)]])
             per = [a[a >= self.oldest_id] for a in per]
-        self._fits = _Fits(length, per, self.rows, max(int(self.checked.min()), self.oldest_row))
+        self._fits = _Fits(length, per, self.rows.copy(), np.maximum(self.checked, self.oldest_row))
         return np.concatenate(per)
 
     def latest_stacks(self) -> tuple[np.ndarray, np.ndarray]:
         """Slots ``(num_envs, k)`` of every stream's newest stacked state and its zero-padding mask.
 
-        Raises ``EpisodeStateError`` before the first frame.
+        Raises ``EpisodeStateError`` before a stream's first frame.
         """
-        if self.rows == 0 or self.rows - 1 < self.oldest_row:
-            raise EpisodeStateError("current_obs() before the first reset(obs)")
+        bad = np.flatnonzero((self.rows == 0) | (self.rows - 1 < self.oldest_row))
+        if bad.size:
+            which = "" if self.geo.num_envs == 1 else f" of env {int(bad[0])}"
+            raise EpisodeStateError(f"current_obs() before the first reset(obs){which}")
         s = np.arange(self.geo.num_envs, dtype=np.int64)
-        last = np.full(s.size, self.rows - 1, np.int64)
+        last = self.rows - 1
         epos = self.epos[self.geo.slots(s, last)].astype(np.int64)
         return self.math.stack_slots(self.geo, s, last, epos)
 
     def row_slots(self, stream: int, rows: np.ndarray) -> np.ndarray:
         """Slots of retained rows of one stream; raises ``NotSampleableError`` if any is not retained."""
-        if rows.size and (rows[0] < self.oldest_row or rows[-1] >= self.rows):
-            raise NotSampleableError(f"rows {rows[0]}..{rows[-1]} are not retained (the store holds rows"
-                                     f" {self.oldest_row}..{self.rows - 1}); take a fresh episodes() table")
+        lo, hi = int(self.oldest_row[stream]), int(self.rows[stream])
+        if rows.size and (rows[0] < lo or rows[-1] >= hi):
+            raise NotSampleableError(f"rows {rows[0]}..{rows[-1]} of env {stream} are not retained (the store holds"
+                                     f" its rows {lo}..{hi - 1}); take a fresh episodes() table")
         return self.geo.slots(stream, rows)
 
     def episodes(self, rewards: np.ndarray) -> EpisodeTable:
@@ -374,11 +443,11 @@ class Index:
     def listed_rows(self) -> np.ndarray:
         """Per stream, the first row whose frames are listed (episodes, tables): the oldest retained row,
         or after ``clear()`` the row it happened at (one earlier where that row starts an episode)."""
-        n = self.geo.num_envs
-        lo = np.full(n, self.oldest_row, np.int64)
-        if self.clear_row > self.oldest_row:
-            prev = self.flags[self.geo.slots(np.arange(n, dtype=np.int64), self.clear_row - 1)]
-            lo[:] = self.clear_row - ((prev & START) != 0)
+        lo = self.oldest_row.copy()
+        after = np.flatnonzero(self.clear_row > self.oldest_row)
+        if after.size:
+            prev = self.flags[self.geo.slots(after, self.clear_row[after] - 1)]
+            lo[after] = self.clear_row[after] - ((prev & START) != 0)
         return lo
 
     def transition_rows(self) -> dict[str, np.ndarray]:
@@ -390,7 +459,7 @@ class Index:
             slots = np.empty(0, np.int64)
         else:
             slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
-        stream, row = self.geo.rows_of(slots, self.seq_of_pos)
+        stream, row = self.geo.rows_of(slots)
         return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
                 "epos": self.epos[slots].astype(np.int64), "flags": self.flags[slots], "valid": self.valid[slots]}
 
@@ -416,7 +485,7 @@ class Index:
         Returns the slots that stopped being sampleable.
         """
         dropped = self._mark_invalid(np.asarray(self.slots_of_range(self.oldest_id, self.next_id), np.int64))
-        self.clear_id, self.clear_row = self.next_id, self.rows
+        self.clear_id, self.clear_row = self.next_id, self.rows.copy()
         return dropped
 
     def _mark_invalid(self, slots: np.ndarray) -> np.ndarray:
@@ -439,10 +508,11 @@ class Index:
         edges = np.diff(bad.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
         return np.stack([np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)], axis=1).astype(np.int64) + lo
 
-    def apply_validity(self, ranges: np.ndarray, clear_id: int, clear_row: int) -> None:
+    def apply_validity(self, ranges: np.ndarray, clear_id: int, clear_row: Any) -> None:
         """Restore a durable validity record after ``rebuild`` (ids of ``ranges`` and below ``clear_id``
-        invalid; ``clear_row``: the rows written at that clear)."""
-        self.clear_id, self.clear_row = int(clear_id), int(clear_row)
+        invalid; ``clear_row``: the rows each stream had written at that clear, or one count for all)."""
+        self.clear_id = int(clear_id)
+        self.clear_row = np.broadcast_to(np.asarray(clear_row, np.int64), self.rows.shape).copy()
         lo, hi = self.oldest_id, self.next_id
         a = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 0], lo, hi)
         b = np.clip(np.asarray(ranges, np.int64).reshape(-1, 2)[:, 1], lo, hi)
@@ -459,15 +529,15 @@ class Index:
 
     def sync(self) -> np.ndarray:
         """Decide every row whose n-step window has closed since the last call; return newly valid slots."""
-        if self.rows == self._synced_rows:
+        if self.written == self._synced:
             return _EMPTY  # nothing was written: no window can have closed
-        self._synced_rows = self.rows
+        self._synced = self.written
         # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
         block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
         while True:
             starts = np.maximum(self.checked, self.oldest_row)
-            stops = np.minimum(starts + block, self.rows)
+            stops = np.maximum(np.minimum(starts + block, self.rows), starts)
             if int((stops - starts).sum()) <= 0:
                 self.checked[:] = starts
                 break
@@ -477,12 +547,13 @@ class Index:
         return np.concatenate(found) if found else np.empty(0, np.int64)
 
     def _sync_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
-        geo, n, rows = self.geo, self.n_step, self.rows
+        geo, n = self.geo, self.n_step
         counts = stops - starts
         total = int(counts.sum())
         stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
         offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
         rho = np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
+        rows = self.rows[stream][:, None]
         win = rho[:, None] + np.arange(n, dtype=np.int64)  # (M, n) the window's frame rows
         written = win < rows
         wslots = geo.slots(stream[:, None], np.minimum(win, rows - 1))
@@ -494,23 +565,24 @@ class Index:
         np.minimum.at(new_checked, stream[~complete], rho[~complete])
         done = rho < new_checked[stream]
         rho, stream, ends, has_end, wslots = rho[done], stream[done], ends[done], has_end[done], wslots[done]
-        slots = geo.slots(stream, rho)
+        slots = wslots[:, 0]  # the window starts at the transition's own row
         f = self.flags[slots]
         m = np.where(has_end, ends.argmax(axis=1) + 1, n)
         last_f = self.flags[wslots[np.arange(rho.size), m - 1]]
         boot_ok = ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
-        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(rho, slots, f)
+        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(stream, rho, slots, f)
         new = slots[ok]
         self.valid[new] = True
         self.n_valid += int(new.size)
         self.checked[:] = new_checked
         return new
 
-    def _stack_ok(self, rho: np.ndarray, slots: np.ndarray, f: np.ndarray) -> np.ndarray:
+    def _stack_ok(self, stream: np.ndarray, rho: np.ndarray, slots: np.ndarray, f: np.ndarray) -> np.ndarray:
         """The observation stack of transition rows ``rho`` has every real frame it needs retained."""
+        oldest = self.oldest_row[stream]
         f0 = rho - self.epos[slots]  # first stored row of the episode
-        lost = ((f & LOST) != 0) | (f0 < self.oldest_row)
-        return ~lost | (rho - self.stack >= np.maximum(f0, self.oldest_row))
+        lost = ((f & LOST) != 0) | (f0 < oldest)
+        return ~lost | (rho - self.stack >= np.maximum(f0, oldest))
 
     def retire(self, seq: int, oldest_id: int) -> np.ndarray:
         """Forget chunk ``seq`` (the oldest); ``oldest_id`` is the oldest id still retained after it.
@@ -520,25 +592,33 @@ class Index:
         """
         geo = self.geo
         sl = geo.chunk_slots(seq)
+        nxt = (seq + 1) % geo.positions
+        new_oldest = geo.first_row[nxt].copy() if geo.seq_of_pos[nxt] == seq + 1 else self.rows.copy()
+        # A stream whose last frame goes keeps that frame's state (its episode may continue later).
+        gone = np.flatnonzero((self.rows > self.oldest_row) & (self.rows <= new_oldest))
+        if gone.size:
+            last = geo.slots(gone, self.rows[gone] - 1)
+            f = self.flags[last]
+            self._tail[gone] = np.stack([(f & END) != 0, self.epos[last], (f & LOST) != 0], axis=1)
         self.oldest_id = oldest_id
-        self.seq_of_pos[seq % geo.positions] = -1
+        geo.remove(seq)
         cleared = np.arange(sl.start, sl.stop, dtype=np.int64)
         self.n_valid -= int(np.count_nonzero(self.valid[sl]))
         self.valid[sl] = False
         self.slot_id[sl] = -1
         self.flags[sl] = 0
-        self.oldest_row = (seq + 1) * geo.rows_per_stream
+        self.oldest_row = new_oldest
         # Rows near the new oldest row may have lost stack history.
-        rows = np.arange(self.oldest_row, min(self.oldest_row + self.stack, self.rows), dtype=np.int64)
-        if rows.size == 0:
+        counts = np.clip(self.rows - new_oldest, 0, self.stack)
+        if not counts.any():
             return cleared
-        stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), rows.size)
-        rho = np.tile(rows, geo.num_envs)
+        stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
+        offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        rho = np.repeat(new_oldest - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
         slots = geo.slots(stream, rho)
         cand = self.valid[slots]
-        slots, rho = slots[cand], rho[cand]
-        bad = slots[~self._stack_ok(rho, slots, self.flags[slots])]
+        stream, slots, rho = stream[cand], slots[cand], rho[cand]
+        bad = slots[~self._stack_ok(stream, rho, slots, self.flags[slots])]
         self.valid[bad] = False
         self.n_valid -= int(bad.size)
         return np.concatenate([cleared, bad])
-

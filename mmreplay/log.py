@@ -48,10 +48,15 @@ class ChunkInfo:
     crc32: dict[str, int] | None = None
     frames: dict[str, Any] | None = None  # a compressed chunk's frame file: {codec, bytes, crc32c}
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
+    rows: list[int] | None = None  # rows of each stream it holds; set when sealed
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, fill: list[int] | None, extents: list[list[int]] | None) -> dict[str, Any]:
+        """The manifest entry; ``fill``: the open chunk's current rows per stream; ``extents``: each
+        stream's extents in row order, when not laid out as home sections."""
         out = {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
-               "sealed": self.sealed, "crc32": self.crc32}
+               "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
+        if extents is not None:
+            out["extents"] = extents
         if self.frames is not None:
             out["frames"] = self.frames
         return out
@@ -74,6 +79,7 @@ def initial_positions(schema: Schema) -> int:
     return -(-need // schema.chunk_size) + 2
 
 
+_NONE = np.empty(0, np.int64)
 logger = logging.getLogger(__name__)
 MAX_SEALING = 4  # full chunks whose background seal may be in flight at once
 
@@ -112,6 +118,16 @@ class ChunkLog:
         self.raw_to_delete: list[str] = []  # raw frame files of compressed chunks the last commit lists raw
         self.initial_valid = np.empty(0, np.int64)  # sampleable slots found when the index was rebuilt
         self.open_base = -1  # slot of (stream 0, first row) of the open chunk, -1 if none is mapped writable
+        # Per stream, where its rows go in the open chunk, as functions of its row count (so a written row
+        # changes nothing but the index's ``rows``): row r goes to slot ``run_base + r`` while
+        # ``r < run_end`` (the end of its current extent); its first row in the open chunk is ``open_first``.
+        n = schema.num_envs
+        self._run_base = np.zeros(n, np.int64)
+        self._run_end = np.zeros(n, np.int64)
+        self._open_first = np.zeros(n, np.int64)
+        self._base0 = self._end0 = self._rows0 = 0  # stream 0's, as Python ints (the one-stream hot path)
+        self._single = n == 1
+        self._all = np.arange(n, dtype=np.int64)
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
         self._executor: ThreadPoolExecutor | None = None
@@ -121,7 +137,8 @@ class ChunkLog:
 
     # -- counters --------------------------------------------------------------------------------------
     @property
-    def rows(self) -> int:
+    def rows(self) -> np.ndarray:
+        """Frame rows written, per stream."""
         return self.index.rows
 
     @property
@@ -136,18 +153,86 @@ class ChunkLog:
     def open_chunk(self) -> ChunkInfo | None:
         return self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
 
-    def stream_slots(self, row: int) -> np.ndarray:
-        """Slots of ``row`` for every stream."""
-        return self.index.geo.slots(np.arange(self.schema.num_envs), row)
+    def holes(self) -> int:
+        """Slots of the retained sealed chunks that hold no row (extents sealed part-filled, or never taken)."""
+        per_chunk = self.schema.num_envs * self.rows_per_stream
+        return sum(per_chunk - sum(c.rows or ()) for c in self.chunks if c.sealed)
 
     # -- writing ---------------------------------------------------------------------------------------
+    # A row goes into its stream's current extent of the open chunk. A stream whose extent is full takes
+    # another free extent of the chunk; the chunk rolls when none is left (layout.py, FORMAT.md).
+    @property
+    def fill(self) -> np.ndarray:
+        """Rows of each stream in the open chunk."""
+        return self.index.rows - self._open_first
+
     def prepare_row(self) -> int:
-        """Make sure the chunk for the next row is open; return the slot of stream 0 for that row."""
-        row = self.index.rows
-        within = row % self.rows_per_stream
-        if within == 0 and (not self.chunks or self.chunks[-1].seq < row // self.rows_per_stream):
-            self._roll(row // self.rows_per_stream)
-        return self.open_base + within
+        """Slot of the next row of stream 0 (stores with one stream), making room first if needed."""
+        r = self._rows0
+        if r >= self._end0:
+            self._make_room(self._all[:1])
+        return self._base0 + r
+
+    def prepare_rows(self) -> np.ndarray:
+        """Slots of the next row of every stream (a batched call), making room first if needed."""
+        rows = self.index.rows
+        if (rows >= self._run_end).any():
+            self._make_room(self._all)
+        return self._run_base + rows
+
+    def prepare_run(self, s: int) -> tuple[int, int]:
+        """(slot of stream ``s``'s next row, rows that fit in consecutive slots from there)."""
+        r = int(self.index.rows[s])
+        if r >= self._run_end[s]:
+            self._make_room(self._all[s:s + 1])
+        return int(self._run_base[s]) + r, int(self._run_end[s]) - r
+
+    def _make_room(self, streams: np.ndarray) -> None:
+        """Give every stream of ``streams`` whose extent is full a new one, rolling if too few are free."""
+        rows = self.index.rows
+        need = streams[rows[streams] >= self._run_end[streams]]
+        if self.open_base < 0 or self.index.geo.free_extents(self.chunks[-1].seq) < need.size:
+            self._roll()
+            need = streams
+        geo, seq = self.index.geo, self.chunks[-1].seq
+        for s in need.tolist():
+            r = int(rows[s])
+            self._run_base[s] = geo.allocate(seq, s, r) - r
+            self._run_end[s] = r + geo.extent
+        self._base0, self._end0 = int(self._run_base[0]), int(self._run_end[0])
+
+    def finish_row(self, n_transitions: int) -> None:
+        """Account for one row of every stream written, holding ``n_transitions`` transitions."""
+        idx = self.index
+        if self._single:
+            self._rows0 += 1
+            idx.rows[0] = self._rows0
+        else:
+            idx.rows += 1
+            self._rows0 += 1
+        idx.written += self.schema.num_envs
+        idx.next_id += n_transitions
+        self.chunks[-1].n_transitions += n_transitions
+        self.retained_tx += n_transitions
+
+    def finish_run(self, s: int, n_rows: int, n_transitions: int) -> None:
+        """Account for ``n_rows`` rows of stream ``s`` written, holding ``n_transitions`` transitions."""
+        idx = self.index
+        idx.rows[s] += n_rows
+        if s == 0:
+            self._rows0 += n_rows
+        idx.written += n_rows
+        idx.next_id += n_transitions
+        self.chunks[-1].n_transitions += n_transitions
+        self.retained_tx += n_transitions
+
+    def write_frames(self, slot: int, frames: np.ndarray) -> None:
+        """Write consecutive frames (C-contiguous, the obs dtype) of one section at ``slot`` with one ``pwrite``."""
+        view = frames.data.cast("B")
+        offset = npyfile.HEADER_BYTES + (slot % self.schema.rows_alloc) * self.frame_bytes
+        while view.nbytes:
+            n = os.pwrite(self.obs_fd, view, offset)
+            view, offset = view[n:], offset + n
 
     def write_frame(self, slot: int, frame: np.ndarray) -> None:
         """Write one frame of the open chunk through the file (``pwrite``), not the mapping.
@@ -170,12 +255,13 @@ class ChunkLog:
         self.obs_fd = -1
         self.open_base = -1
 
-    def _roll(self, seq: int) -> None:
-        """Retire what capacity allows, open chunk ``seq``, seal the full one before it.
+    def _roll(self) -> None:
+        """Retire what capacity allows, open the next chunk, seal the full one before it.
 
         Ordered so that a failure (a full disk when creating the new chunk's files) leaves a
         consistent log: the full chunk stays the open one and no half-made chunk is listed.
         """
+        seq = self.chunks[-1].seq + 1 if self.chunks else 0
         # Seals may lag behind by a few chunks (a slow fsync or a busy core must not stall step());
         # a chunk is never unmapped or remapped while its seal still reads it.
         self._reap(block=len(self._sealing) >= MAX_SEALING)
@@ -195,8 +281,14 @@ class ChunkLog:
             self._close_fd()
             self.ring.protect_chunk(full.seq)
             full.sealed = True
+            fill = self.fill
+            full.rows = fill.tolist()
+            self.index.seal_chunk(full.seq, fill)
         self.chunks.append(ChunkInfo(seq, chunk_name(seq), self.next_id, 0))
-        self.index.add_chunk(seq)
+        self.index.add_chunk(seq, self.index.rows.copy())
+        self._open_first[:] = self.index.rows
+        self._run_end[:] = self.index.rows  # no stream has an extent of the new chunk yet
+        self._end0 = int(self._run_end[0])
         self._open_writable(self.chunks[-1])
         if full is not None:
             # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
@@ -245,13 +337,6 @@ class ChunkLog:
         if self.obs_fd >= 0:
             self.open_base = (self.chunks[-1].seq % positions) * self.schema.rows_alloc
 
-    def finish_row(self, n_transitions: int) -> None:
-        """Account for a written row holding ``n_transitions`` transitions (all streams)."""
-        self.index.rows += 1
-        self.index.next_id += n_transitions
-        self.chunks[-1].n_transitions += n_transitions
-        self.retained_tx += n_transitions
-
     # -- durability ------------------------------------------------------------------------------------
     def _sealer(self) -> ThreadPoolExecutor:
         if self._executor is None:
@@ -294,8 +379,16 @@ class ChunkLog:
             self.ring.sync_chunk(self.chunks[-1].seq)
 
     def manifest_body(self) -> dict[str, Any]:
-        return {"rows": self.rows, "next_id": self.next_id, "chunks": [c.to_json() for c in self.chunks],
-                "ring_positions": self.ring.positions}
+        fill = self.fill.tolist()
+        ended, epos, lost = self.index.stream_state()
+        geo = self.index.geo
+        rows = self.rows
+        # one count while the streams are in format 1's layout (what format 1 and 2 readers take), else a list
+        listed: Any = int(rows[0]) if geo.lockstep and (rows == rows[0]).all() else rows.tolist()
+        return {"rows": listed, "next_id": self.next_id,
+                "chunks": [c.to_json(None if c.sealed else fill, geo.extents_of(c.seq)) for c in self.chunks],
+                "ring_positions": self.ring.positions,
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
 
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
@@ -314,38 +407,63 @@ class ChunkLog:
     @classmethod
     def from_manifest(cls, root: str, schema: Schema, body: dict[str, Any], writable: bool,
                       listener: RingListener) -> ChunkLog:
-        """Map the committed chunks and rebuild the index from their flags column."""
+        """Map the committed chunks and rebuild the index from their flags (and id) columns."""
         mpath = os.path.join(root, "manifest.json")
         check_files(root, body, schema)  # plain files only, no links; state files as FORMAT.md says
+        n_env, rs = schema.num_envs, schema.rows_per_stream
         try:
+            entries = body["chunks"]
             chunks = [ChunkInfo(int(c["seq"]), str(c["name"]), int(c["first_id"]), int(c["n_transitions"]),
                                 bool(c["sealed"]), c["crc32"], _frames_entry(c, schema), committed=True)
-                      for c in body["chunks"]]
-            rows, next_id = int(body["rows"]), int(body["next_id"])
+                      for c in entries]
+            raw_rows = body["rows"]
+            rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * n_env, np.int64)
+            next_id = int(body["next_id"])
+            fills = [c.get("rows") for c in entries]
+            extents = [c.get("extents") for c in entries]
+            streams = body.get("streams")
+            tails = None if streams is None else np.array(
+                [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
+        if rows.shape != (n_env,) or (tails is not None and tails.shape[0] != n_env):
+            raise CorruptStoreError(f"{mpath}: rows or streams do not have one entry per env stream ({n_env})")
         if any(c.frames is not None and not c.sealed for c in chunks):
             raise CorruptStoreError(f"{mpath}: an open chunk is listed with compressed frames")
-        rs = schema.rows_per_stream
         seqs = [c.seq for c in chunks]
-        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows != 0:
+        if seqs != list(range(seqs[0], seqs[0] + len(seqs))) if seqs else rows.any():
             raise CorruptStoreError(f"{mpath}: chunk table is not a run of consecutive chunks ({seqs[:5]}...)")
-        if seqs and not (seqs[-1] * rs < rows <= (seqs[-1] + 1) * rs):
-            raise CorruptStoreError(f"{mpath}: {rows} rows do not end in the last listed chunk {seqs[-1]}")
-        if any(c.sealed for c in chunks[-1:]) and rows % rs:
-            raise CorruptStoreError(f"{mpath}: the last chunk is marked sealed but not full")
+        if all(f is None for f in fills):
+            # format version 1: every stream wrote every row; chunk c holds rows c*R .. c*R + R - 1
+            fill = np.array([[rs] * n_env if c.sealed else (rows - c.seq * rs).tolist() for c in chunks],
+                            np.int64).reshape(-1, n_env)
+        else:
+            try:
+                fill = np.array(fills, np.int64).reshape(len(chunks), n_env)
+            except (TypeError, ValueError):
+                raise CorruptStoreError(f"{mpath}: chunk rows {fills[:3]}... are not one count per env stream") from None
+        # Each stream's rows are consecutive across its sections: the oldest chunk's first rows follow.
+        first = np.zeros((len(chunks), n_env), np.int64)
+        if chunks:
+            first[:] = rows - np.cumsum(fill[::-1], axis=0)[::-1]
+        if (fill < 0).any() or (fill.sum(axis=1) > schema.chunk_size).any() or (first < 0).any():
+            raise CorruptStoreError(f"{mpath}: chunk rows {fill.tolist()[:3]}... do not fit chunks of"
+                                    f" {schema.chunk_size} rows, or add up to more than the {rows.tolist()} rows written")
+        for c, f in zip(chunks, fill, strict=True):
+            c.rows = f.tolist() if c.sealed else None
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions, listener)
         try:
-            log._load(chunks, rows, next_id, writable)
+            log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
         except BaseException:
             log.close()
             raise
         return log
 
-    def _load(self, chunks: list[ChunkInfo], rows: int, next_id: int, writable: bool) -> None:
+    def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray,
+              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool) -> None:
         log = self
         log.chunks = deque(chunks)
         log.index.next_id = next_id
@@ -356,9 +474,29 @@ class ChunkLog:
         for c in chunks:
             log.ring.map_chunk(c.seq, c.name, writable=writable and not c.sealed,
                                compressed_bytes=None if c.frames is None else int(c.frames["bytes"]))
-            log.index.add_chunk(c.seq)
-        log.index.rows = rows
-        log._rebuild_index()
+        try:
+            for c, f0, f, ext in zip(chunks, first, fill, extents, strict=True):
+                log.index.restore_chunk(c.seq, f0, f, ext, c.sealed)
+        except (IndexError, TypeError, ValueError) as exc:
+            raise CorruptStoreError(f"{os.path.join(self.root, 'manifest.json')}: chunk extents do not fit the"
+                                    f" chunks ({exc})") from None
+        log.index.restored()
+        log.index.rows[:] = rows
+        log._rows0 = int(rows[0])
+        log.index.written = int(rows.sum())
+        if chunks and not chunks[-1].sealed:
+            log._open_first[:] = rows - fill[-1]
+            log._run_end[:] = rows
+            geo, e = log.index.geo, log.index.geo.extent
+            pos = chunks[-1].seq % geo.positions
+            for s in range(self.schema.num_envs):  # where each stream's next row goes in the open chunk
+                x = int(geo.current[s])
+                if x >= 0:
+                    used = int(fill[-1][s]) - (int(np.count_nonzero(geo.owner[pos] == s)) - 1) * e
+                    log._run_base[s] = pos * self.schema.rows_alloc + x * e - (int(rows[s]) - used)
+                    log._run_end[s] = int(rows[s]) - used + e
+            log._base0, log._end0 = int(log._run_base[0]), int(log._run_end[0])
+        log._rebuild_index(first, fill, tails)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
 
@@ -378,26 +516,59 @@ class ChunkLog:
                 os.replace(tmp, path)
         fsync_dir(os.path.join(self.root, "chunks"))
 
-    def _rebuild_index(self) -> None:
-        """Rebuild the index from the retained chunks' flags column (committed rows only)."""
+    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None) -> None:
+        """Rebuild the index from the retained chunks' flags column (committed rows only).
+
+        ``first``/``fill``: (chunks, streams) first row and rows of every section. Ids come from the id
+        column (stores with several streams), else from counting transitions in write order: row order
+        for one stream, (row, stream) order for a store written by format 1 (streams in lockstep).
+        """
         idx, n_env = self.index, self.schema.num_envs
         if not self.chunks:
-            self.initial_valid = np.empty(0, np.int64)
+            self.initial_valid = idx.rebuild([(0, _NONE, _NONE.astype(np.uint8), _NONE)] * n_env, tails)
             return
-        first = self.chunks[0]
-        rs = self.rows_per_stream
-        r0, r1 = first.seq * rs, idx.rows
-        # Slots of rows r0..r1-1 of every stream, (R, N): per chunk, its base plus the stream-major offsets.
-        bases = (np.array([c.seq for c in self.chunks], np.int64) % self.ring.positions) * self.schema.rows_alloc
-        within = np.arange(n_env, dtype=np.int64)[None, :] * rs + np.arange(rs, dtype=np.int64)[:, None]
-        slots = (bases[:, None, None] + within[None]).reshape(-1, n_env)[: r1 - r0]
-        flags = self.ring.arrays["flags"][slots] & DISK_FLAGS
-        n_tx = int(np.count_nonzero((flags & START) == 0))
-        if n_tx != self.next_id - first.first_id:
+        head = self.chunks[0]
+        arrays, geo = self.ring.arrays, idx.geo
+        per_stream = []
+        for s in range(n_env):
+            parts = [geo.stream_slots(c.seq, s, int(f)) for c, f in zip(self.chunks, fill[:, s], strict=True)]
+            slots = np.concatenate(parts) if parts else np.empty(0, np.int64)
+            per_stream.append((int(first[0, s]), slots, arrays["flags"][slots] & DISK_FLAGS))
+        n_tx = sum(int(np.count_nonzero((f & START) == 0)) for _, _, f in per_stream)
+        if n_tx != self.next_id - head.first_id:
             raise CorruptStoreError(
-                f"{self.ring.file_path(first.name, self.ring.columns[3])} and later: the flags columns hold {n_tx} transitions, "
-                f"the manifest counts {self.next_id - first.first_id}; the chunk files are damaged")
-        self.initial_valid = idx.rebuild(r0, slots, flags, first.first_id)
+                f"{self.ring.file_path(head.name, self.ring.columns[3])} and later: the flags columns hold {n_tx}"
+                f" transitions, the manifest counts {self.next_id - head.first_id}; the chunk files are damaged")
+        if self.schema.id_column:
+            ids = [arrays["id"][slots] for _, slots, _ in per_stream]
+            self._check_ids(per_stream, ids, head)
+        elif n_env == 1:
+            f = per_stream[0][2]
+            tx = (f & START) == 0
+            ids = [np.where(tx, head.first_id + np.cumsum(tx) - 1, -1)]
+        else:  # streams in lockstep: ids in (row, stream) order
+            flags = np.stack([f for _, _, f in per_stream], axis=1)
+            tx = (flags & START) == 0
+            order = np.where(tx, head.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
+            ids = [order[:, s] for s in range(n_env)]
+        self.initial_valid = idx.rebuild([(r0, sl, f, i) for (r0, sl, f), i in zip(per_stream, ids, strict=True)],
+                                         tails)
+
+    def _check_ids(self, per_stream: list[tuple[int, np.ndarray, np.ndarray]], ids: list[np.ndarray],
+                   head: ChunkInfo) -> None:
+        """The id column names every retained transition exactly once, and nothing on START rows."""
+        where = f"{self.ring.file_path(head.name, self.ring.columns[-1])} and later"
+        got = []
+        for (_, _, f), i in zip(per_stream, ids, strict=True):
+            if ((i >= 0) != ((f & START) == 0)).any():
+                raise CorruptStoreError(f"{where}: the id column disagrees with the flags; the chunk files are damaged")
+            got.append(i[i >= 0])
+        all_ids = np.concatenate(got) - head.first_id
+        span = self.next_id - head.first_id
+        if all_ids.size and (all_ids.min() < 0 or all_ids.max() >= span or
+                             (np.bincount(all_ids, minlength=span) != 1).any()):
+            raise CorruptStoreError(f"{where}: the id column does not number the transitions {head.first_id}.."
+                                    f"{self.next_id - 1} once each; the chunk files are damaged")
 
     def remove_strays(self) -> None:
         """Delete chunk files the manifest does not list (a crashed run's leftovers, temp copies)."""
@@ -405,7 +576,7 @@ class ChunkLog:
         columns = [col.name for col in self.ring.columns]
         # exactly the files the manifest refers to: a compressed chunk's raw frame file goes too, and
         # so does a compressed file the manifest does not list (a crash before the commit that would)
-        keep = {os.path.basename(p) for c in self.chunks for p in chunk_files(self.root, c.to_json(), columns)}
+        keep = {os.path.basename(p) for c in self.chunks for p in chunk_files(self.root, c.to_json(None, None), columns)}
         removed = False
         for filename in os.listdir(base):
             if filename not in keep:

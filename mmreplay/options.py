@@ -177,6 +177,7 @@ class Schema:
     rate_limit: RateLimit | None = None
     quantize: bool = False
     compression: str | None = None  # codec of sealed chunks' frames ("lz4"), None = raw
+    id_column: bool = False  # chunks record each row's transition id (stores with several env streams)
 
     @classmethod
     def build(
@@ -198,6 +199,7 @@ class Schema:
         rate_limit: Any = None,
         quantize: Any = False,
         compression: Any = "auto",
+        id_column: Any = None,
         stored: bool = False,
     ) -> Schema:
         """Validate user-facing ``create()`` arguments and pick the defaults that depend on others.
@@ -269,9 +271,13 @@ class Schema:
         if quantize and obs_dtype != np.uint8:
             raise ValueError(f"quantize=True stores frames in [0, 1] as uint8 (round(x * 255)): it needs"
                              f" obs_dtype='uint8', got obs_dtype={obs_dtype}; drop quantize or use uint8")
+        if id_column is None:
+            id_column = num_envs > 1  # new stores: streams may be written apart, so ids are recorded
+        elif not isinstance(id_column, bool):
+            raise TypeError(f"id_column must be a bool, got {id_column!r}")
         schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
                      tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize),
-                     resolve_compression(compression, obs_shape, obs_dtype))
+                     resolve_compression(compression, obs_shape, obs_dtype), id_column)
         validate_ring(schema, planned_positions(schema))
         return schema
 
@@ -308,6 +314,7 @@ class Schema:
             "rate_limit": None if self.rate_limit is None else self.rate_limit.to_json(),
             "quantize": self.quantize,
             "compression": self.compression,
+            "id_column": self.id_column,
         }
 
     @classmethod
@@ -322,6 +329,7 @@ class Schema:
             rate_limit=None if d.get("rate_limit") is None else RateLimit.from_json(d["rate_limit"]),
             quantize=d.get("quantize", False),
             compression=d.get("compression"),  # stores written before compression existed: raw frames
+            id_column=d.get("id_column", False),  # absent in formats 1 and 2: streams in lockstep, no id column
             stored=True,
         )
 
@@ -397,7 +405,7 @@ def validate_ring(schema: Schema, positions: int) -> None:
             f"capacity={schema.capacity:,} with chunk_size={schema.chunk_size:,} needs {slots:,} ring slots, an"
             f" in-RAM index of {ram / 2**30:,.1f} GiB; this machine allows {limit / 2**30:,.1f} GiB: use a"
             " smaller capacity or chunk_size")
-    row = math.prod(schema.obs_shape) * schema.obs_dtype.itemsize + math.prod(schema.action_shape) * schema.action_dtype.itemsize + 5 + sum(
+    row = math.prod(schema.obs_shape) * schema.obs_dtype.itemsize + math.prod(schema.action_shape) * schema.action_dtype.itemsize + 5 + 8 * schema.id_column + sum(
         math.prod(e.shape) * e.dtype.itemsize for e in schema.extras)
     reserved = slots * row
     if reserved > MAX_RESERVED_BYTES:
@@ -423,7 +431,18 @@ def resolve_compression(value: Any, obs_shape: tuple[int, ...], obs_dtype: np.dt
 
 
 _RESERVED = frozenset({"obs", "action", "reward", "flags", "next_obs", "discount", "terminated",
-                       "truncated", "index", "weight"})
+                       "truncated", "index", "weight", "env", "final_missing"})
+
+
+EXTENTS_PER_SECTION = 16  # at most (FORMAT.md, "Rows, streams and the layout inside a chunk")
+
+
+def extent_rows(rows_per_stream: int) -> int:
+    """Slots per extent: a stream's home section cut into the most pieces (at most 16) that divide it evenly."""
+    for m in range(min(EXTENTS_PER_SECTION, rows_per_stream), 0, -1):
+        if rows_per_stream % m == 0:
+            return rows_per_stream // m
+    return rows_per_stream
 
 
 def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:

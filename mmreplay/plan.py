@@ -68,25 +68,25 @@ class RowMath:
         return geo.slots(s[..., None], rows), pad
 
     def plan(self, flags: np.ndarray, epos: np.ndarray, geo: Geometry, slots: np.ndarray,
-             seq_of_pos: np.ndarray, oldest_row: int, rows: int, has_missing: bool) -> Plan:
+             oldest_row: np.ndarray, rows: np.ndarray, has_missing: bool) -> Plan:
         """Everything needed to build the rows of *valid* transition slots (vectorized, no frame access).
 
         ``flags``/``epos`` are the index's per-slot RAM flags and episode positions; ``oldest_row`` and
-        ``rows`` bound the retained, written rows. Every frame a row needs lies in the span of rows
-        ``rho-k .. rho+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
+        ``rows`` (per stream) bound the retained, written rows. Every frame a row needs lies in the span of
+        rows ``rho-k .. rho+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
         computation over that span serves all. Column ``c`` of the span is row ``rho + c - k``. When no
-        row's span leaves its chunk (all but a few rows per chunk), the span's slots are the row's slot
-        plus offsets; otherwise they are computed row by row with the span clamped to retained, written
-        rows. Either way a valid row's window never reaches past its first episode end before that end,
-        and positions before its episode's first frame are padding: what such slots hold is never used.
+        row's span leaves its segment (all but a few rows per chunk), the span's slots are the row's
+        slot plus offsets; otherwise they are computed row by row with the span clamped to retained,
+        written rows. Either way a valid row's window never reaches past its first episode end before
+        that end, and positions before its episode's first frame are padding: what such slots hold is
+        never used.
         """
         k, n = self.k, self.n
-        within = slots % geo.rows_alloc % geo.rows_per_stream
-        if ((within < k) | (within > geo.rows_per_stream - n)).any():
-            s, rho = geo.rows_of(slots, seq_of_pos)
+        if geo.spans_inside(slots, k, n - 1) is not True:
+            s, rho = geo.rows_of(slots)
             span = rho[:, None] + self._span
-            np.maximum(span, oldest_row, out=span)
-            np.minimum(span, rows - 1, out=span)
+            np.maximum(span, oldest_row[s][:, None], out=span)
+            np.minimum(span, rows[s][:, None] - 1, out=span)
             sl = geo.slots(s[:, None], span)  # (B, k+n)
         else:
             sl = slots[:, None] + self._span

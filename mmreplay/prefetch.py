@@ -69,7 +69,7 @@ class Draw:
     plan: Plan | SequencePlan | None = None  # row arithmetic, fixed when drawn
     length: int = 0  # sequences: their length (0: a batch of transitions)
     strict: bool = False  # sequences: drawn with strict=True
-    head: int = 0  # sequences: rows written when drawn (re-planning a resumed draw uses it)
+    head: Any = 0  # sequences: each stream's rows when drawn, an array (re-planning a resumed draw uses it)
 
     @property
     def kind(self) -> tuple[int, int, bool]:

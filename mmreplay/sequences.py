@@ -8,8 +8,9 @@ states are the stacks ending at frame rows ``rho0-1 .. rho0+L-1``: state ``j``
 is the state before step ``j``, state ``m`` (``m`` steps unmasked) the state
 after the last step.
 
-The *head* is the number of rows written when the sequence was drawn. Rows at or
-past it do not exist for the sequence, and the newest row's END bit counts only if
+The *head* is the number of rows each stream had written when the sequence was
+drawn (an array, one count per stream). Rows of a stream at or past its head do
+not exist for the sequence, and the newest row's END bit counts only if
 the step itself ended the episode (TERMINATED/TRUNCATED): an END that a later
 ``reset()`` adds to it (truncation by reset) was not there when it was drawn. So a
 sequence re-planned from its start id and head - a resumed prefetching iterator -
@@ -42,31 +43,31 @@ class SequencePlan:
     obs_pad: np.ndarray  # (B, L+1, k) bool: the frame is zero padding (before the episode's first frame)
     obs_zero: np.ndarray  # (B, L+1) bool: the whole state is zeros (past the last step; a missing final frame)
     steps: np.ndarray  # (B,) int64: unmasked steps m (>= 1)
-    head: int  # rows written when the sequences were drawn
+    head: np.ndarray  # (num_envs,) rows each stream had written when the sequences were drawn
 
 
-def _step_rows(geo: Geometry, slots: np.ndarray, seq_of_pos: np.ndarray,
-               length: int) -> tuple[np.ndarray, np.ndarray]:
+def _step_rows(geo: Geometry, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """Stream (B,) and rows (B, length) of the steps of sequences starting at transition slots ``slots``."""
-    s, rho0 = geo.rows_of(slots, seq_of_pos)
+    s, rho0 = geo.rows_of(slots)
     return s, rho0[:, None] + np.arange(length, dtype=np.int64)
 
 
 def sequence_plan(math: RowMath, flags: np.ndarray, epos: np.ndarray, slot_id: np.ndarray, geo: Geometry,
-                  seq_of_pos: np.ndarray, slots: np.ndarray, length: int, head: int) -> SequencePlan:
+                  slots: np.ndarray, length: int, head: np.ndarray) -> SequencePlan:
     """Everything needed to build sequences of ``length`` steps starting at *valid* transition slots ``slots``.
 
-    ``flags``/``epos``/``slot_id`` are the index's per-slot arrays; ``head`` the rows written when the
-    sequences were drawn (at most the rows written now). Step ``j`` exists when row ``rho0 + j`` is
-    below ``head`` and no step before it ended the episode; a START row always follows an episode's
+    ``flags``/``epos``/``slot_id`` are the index's per-slot arrays; ``head`` the rows each stream had
+    written when the sequences were drawn (at most its rows now). Step ``j`` exists when row ``rho0 + j``
+    is below its stream's head and no step before it ended the episode; a START row always follows an episode's
     end, so a sequence never runs into the next episode, nor (rows are per stream) into another stream.
     """
-    s, rows = _step_rows(geo, slots, seq_of_pos, length)
-    written = rows < head
-    step_slots = geo.slots(s[:, None], np.minimum(rows, head - 1))  # masked steps read a real row
+    s, rows = _step_rows(geo, slots, length)
+    hs = np.asarray(head, np.int64)[s][:, None]
+    written = rows < hs
+    step_slots = geo.slots(s[:, None], np.minimum(rows, hs - 1))  # masked steps read a real row
     fl = flags[step_slots]
     ended = (fl & (TERMINATED | TRUNCATED)) != 0
-    ended |= ((fl & END) != 0) & (rows < head - 1)  # an END from the next row's START counts if that row did
+    ended |= ((fl & END) != 0) & (rows < hs - 1)  # an END from the next row's START counts if that row did
     ended &= written
     before = np.zeros_like(ended)
     if length > 1:
@@ -93,19 +94,20 @@ def sequence_plan(math: RowMath, flags: np.ndarray, epos: np.ndarray, slot_id: n
                         m, head)
 
 
-def sequence_fits(epos: np.ndarray, geo: Geometry, seq_of_pos: np.ndarray,
-                  slots: np.ndarray, length: int, head: int) -> np.ndarray:
+def sequence_fits(epos: np.ndarray, geo: Geometry, slots: np.ndarray, length: int,
+                  head: np.ndarray) -> np.ndarray:
     """Whether each transition slot in ``slots`` starts ``length`` steps of its episode (bool, ``slots``' shape).
 
-    The step ``length - 1`` rows later must be written, and in the same episode: episode positions grow
+    The step ``length - 1`` rows later must be written (below its stream's ``head``), and in the same episode: episode positions grow
     by one per row inside an episode and restart at a START row, and a START is the next row of a stream
     after every episode end (a reset, or a vector env's autoreset). If an episode ended between the two
     rows, a START was written before the later one, so comparing the two rows' positions decides it in
     O(1) per start.
     """
-    s, rho0 = geo.rows_of(slots, seq_of_pos)
+    s, rho0 = geo.rows_of(slots)
+    hs = np.asarray(head, np.int64)[s]
     last = rho0 + (length - 1)
-    ok = last < head
-    last_slots = geo.slots(s, np.minimum(last, head - 1))
+    ok = last < hs
+    last_slots = geo.slots(s, np.minimum(last, hs - 1))
     ok &= epos[last_slots].astype(np.int64) == epos[slots].astype(np.int64) + (length - 1)
     return ok

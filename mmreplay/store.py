@@ -320,7 +320,8 @@ class ReplayStore:
         Background seals are finished first, so the counts are settled. ``ring_positions`` (chunks
         the mapped ring has room for), ``chunks`` (retained chunks), ``compressed_chunks`` (sequence
         numbers of the chunks whose frames are read from compressed files),
-        ``rows`` (frame rows per stream), ``rng`` (the sampling RNG's state now), and for
+        ``rows`` (frame rows written by each stream, a list), ``holes`` (slots of the retained sealed chunks
+        left empty because their env streams advanced apart), ``rng`` (the sampling RNG's state now), and for
         prioritized stores ``priority_total`` (the sum tree's total mass), ``priority_slots``
         (slots carrying mass: the sampleable transitions when consistent), ``rate_limit`` (rate-limited
         stores: ``inserted``, ``sampled``, ``size`` and ``writer_pid`` read together), ``priority_state``
@@ -332,7 +333,8 @@ class ReplayStore:
         log, sampler = self._parts.log, self._parts.sampler
         if self._writer is not None and self._durable.failed is None:
             log.wait_sealed()
-        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks), "rows": log.rows,
+        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
+                               "rows": log.rows.tolist(), "holes": log.holes(),
                                "compressed_chunks": sorted(log.ring.compressed),
                                "rng": self._drawer.rng.bit_generator.state}
         if self._limiter is not None:
@@ -347,18 +349,45 @@ class ReplayStore:
         return out
 
     # -- writing ---------------------------------------------------------------------------------------
-    def reset(self, obs: Any, head_lost: bool = False) -> None:
+    def reset(self, obs: Any, head_lost: bool = False, env: int | None = None) -> None:
         """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
 
-        An episode still open is ended as truncated at its last recorded step. ``head_lost=True``
-        (unbatched stores; for importers) says the episode began earlier and its first frames are not
-        available: only its rows with a full stack history become sampleable.
+        An episode still open is ended as truncated at its last recorded step. ``env=i`` starts env
+        stream ``i``'s episode only: ``obs`` is then that env's single observation (what ``extend(...,
+        env=i)`` continues). ``head_lost=True`` (unbatched stores; for importers) says the episode began
+        earlier and its first frames are not available: only its rows with a full stack history become
+        sampleable.
         """
         writer = self._check_writable()
         try:
-            writer.reset(obs, bool(head_lost))
+            writer.reset(obs, bool(head_lost), env)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a frame") from exc
+
+    def extend(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any, env: int = 0,
+               final_missing: bool = False, **extras: Any) -> int:
+        """Append a block of ``L`` consecutive steps of env stream ``env`` (leading time axis on every array).
+
+        ``actions (L, *action_shape)``, ``rewards (L,)``, ``next_obs (L, *obs_shape)``, ``terminated``/
+        ``truncated (L,)``, extras ``(L, *shape)``: the same as ``L`` calls of ``step()`` on that stream,
+        with the same ids (contiguous, in write order) and rows, written in bulk. The stream needs an open
+        episode (``reset(obs)``, or ``reset(obs, env=i)`` in a vector store); an episode end may only be
+        the block's last step: it closes the episode, and the stream's next call must be a reset. Streams
+        may be written in any order; a rate-limited store counts a block as its ``L`` insertions (and
+        waits, as ``L`` steps would). ``final_missing=True`` (importers; the block must end its episode):
+        the final observation is not available, so ``next_obs`` holds the other ``L - 1`` frames; it reads
+        as zeros and nothing bootstraps from it. A block that breaks a rule raises (``ValueError``,
+        ``TypeError``, ``EpisodeStateError``) and appends nothing. Returns the id of the first transition.
+        """
+        writer = self._check_writable()
+        s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
+        self._limit_insert(blk.length)  # a rate-limited store waits as for blk.length steps
+        try:
+            first = writer.write_extend(s, blk, bool(final_missing))
+        except OSError as exc:
+            raise self._durable.fail(exc, "writing a block of steps") from exc
+        self._count_insert(blk.length)
+        return first
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              **extras: Any) -> None:
@@ -734,6 +763,14 @@ class ReplayStore:
     @beta.setter
     def beta(self, value: float) -> None:
         self._require_prio("beta").beta = check_beta(value)
+
+    def priority_mass(self) -> tuple[float, float]:
+        """``(total, smallest positive)`` priority mass ``(p + eps) ** alpha`` of the sampleable transitions
+        (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
+        self._check_open()
+        prio = self._require_prio("priority_mass")
+        self._sync()
+        return prio.total_mass(), prio.min_mass()
 
     @property
     def max_priority(self) -> float:

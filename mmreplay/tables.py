@@ -43,7 +43,7 @@ def transition_columns(index: Index, arrays: dict[str, np.ndarray], schema: Sche
     t = index.transition_rows()
     slots, stream, row, flags = t["slot"], t["stream"], t["row"], t["flags"]
     # the table's episodes are in (stream, first row) order: one search finds each row's episode
-    span = int(index.rows) + 1
+    span = int(index.rows.max()) + 1
     episode = np.searchsorted(table.stream * span + table.first_row, stream * span + row, side="right") - 1
     terminated = (flags & TERMINATED) != 0
     cols: dict[str, np.ndarray] = {

@@ -16,7 +16,7 @@ import os
 import numpy as np
 
 from .errors import MMReplayError
-from .layout import START
+from .layout import START, home_extents, stream_offsets
 from .options import Schema
 from .statefiles import check_state_files
 from .storage import framefile, npyfile
@@ -36,7 +36,8 @@ def verify_store(path: str) -> list[str]:
     try:
         schema = Schema.from_json(doc["schema"])
         chunks = doc["chunks"]
-        rows, next_id = int(doc["rows"]), int(doc["next_id"])
+        raw_rows, next_id = doc["rows"], int(doc["next_id"])
+        rows = np.array(raw_rows if isinstance(raw_rows, list) else [raw_rows] * schema.num_envs, np.int64)
     except (KeyError, TypeError, ValueError) as exc:
         return [f"{mpath}: unreadable schema or counters ({exc!r})"]
     problems: list[str] = []
@@ -73,13 +74,19 @@ def verify_store(path: str) -> list[str]:
         if readable:
             flags_path = chunk_file(path, str(c.get("name")), "flags")
             flags = np.load(flags_path, mmap_mode="r")
-            used = min(rs, max(0, rows - int(c["seq"]) * rs))
-            per_stream = flags[: schema.num_envs * rs].reshape(schema.num_envs, rs)[:, :used]
-            n_tx = int(np.count_nonzero((per_stream & START) == 0))
+            fill = c.get("rows")  # rows of each stream in the chunk (format 1: every stream wrote every row)
+            used = np.clip(rows - int(c["seq"]) * rs, 0, rs) if fill is None else np.asarray(fill, np.int64)
+            extents = c.get("extents") or [home_extents(rs, s) for s in range(schema.num_envs)]
+            try:
+                offsets = [stream_offsets(rs, extents[s], int(used[s])) for s in range(schema.num_envs)]
+            except (IndexError, TypeError, ValueError) as exc:
+                problems.append(f"{mpath}: chunk {c['seq']}: rows {used.tolist()} do not fit its extents ({exc})")
+                continue
+            n_tx = sum(int(np.count_nonzero((flags[o] & START) == 0)) for o in offsets)
             if n_tx != int(c["n_transitions"]):
                 problems.append(f"{flags_path}: holds {n_tx} transitions, the manifest"
                                 f" records {c['n_transitions']}")
-            del flags, per_stream
+            del flags
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
     problems += check_state_files(path, doc)

@@ -85,7 +85,7 @@ def data_dir() -> str:
 
 # The pyproject extra that installs each optional module the tests import.
 EXTRAS = {"gymnasium": "gym", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari",
-          "pyarrow": "tables", "pandas": "tables"}
+          "pyarrow": "tables", "pandas": "tables", "ray": "ray", "s3fs": "s3", "fsspec": "s3", "moto": "ci"}
 
 
 def require(module: str):  # noqa: ANN201

@@ -14,6 +14,13 @@ SEMANTICS.md (and FORMAT.md for the retirement rule). Choices where those are si
 - A row that became sampleable because the frame at t+n existed can later gain
   truncated=True, when a reset() ends its episode at t+n-1 (end inside the window).
   reward, discount and next_obs do not change; only that flag does.
+
+Chunks (only what eviction needs): each chunk holds a run of rows of every stream
+(``chunks[c][s]`` = the stream's first row in chunk c). A chunk has
+``chunk_size / E`` extents of E rows (E: the section ``chunk_size // num_envs``
+cut into the most pieces, at most 16, that divide it). A stream writes into an
+extent it took; when that is full it takes another; a new chunk opens when the
+extents the streams about to write need are more than those left (FORMAT.md).
 """
 import operator
 
@@ -60,20 +67,34 @@ class ModelStore:
             if self.rows_per_chunk < 1:
                 raise ValueError("chunk_size must be >= num_envs")
         self.frames = [[] for _ in range(self.num_envs)]  # frames[stream][row]
+        self.missing = set()  # (stream, row) of final observations that were not available
         self.current = [None] * self.num_envs  # latest episode of each stream
         self.transitions = []  # transitions[id] = dict(episode, t, action, reward, extras)
+        self.chunks = []  # chunks[c][s]: row of stream s where chunk c begins
+        self.taken = 0  # extents taken in the open chunk
+        self.left = [0] * self.num_envs  # rows left in each stream's extent of the open chunk
+        if self.rows_per_chunk is not None:
+            per = self.rows_per_chunk
+            m = max(d for d in range(1, min(16, per) + 1) if per % d == 0)
+            self.extent = per // m
+            self.n_extents = self.num_envs * m
         self.retired_chunks = 0  # chunks 0 .. retired_chunks-1 are gone
 
     # ---------------------------------------------------------------- writing
 
-    def reset(self, obs):
-        frames = [self._frame(obs, s) for s in range(self.num_envs)]
-        self._open_row()
-        for s in range(self.num_envs):
+    def reset(self, obs, env=None):
+        if env is not None and self.vector:
+            frames = {env: self._frame(obs, None)}
+        elif env is not None:
+            frames = {0: self._frame(obs, 0)}
+        else:
+            frames = {s: self._frame(obs, s) for s in range(self.num_envs)}
+        self._open_rows(list(frames))
+        for s, frame in frames.items():
             ep = self.current[s]
             if ep is not None and ep.end is None:
                 ep.end = "truncated"  # reset() mid-episode: truncated at its last step
-            self._start_episode(s, frames[s])
+            self._start_episode(s, frame)
 
     def step(self, action, reward, next_obs, terminated, truncated, **extras):
         if set(extras) != set(self.extras_spec):
@@ -91,21 +112,46 @@ class ModelStore:
         records = []
         for s in range(self.num_envs):
             records.append(None if autoreset[s] else self._record(s, action, reward, extras))
-        row = self._open_row()
+        self._open_rows(list(range(self.num_envs)))
         for s in range(self.num_envs):
             if autoreset[s]:
                 self._start_episode(s, frames[s])  # action, reward, flags, extras ignored
                 continue
-            ep = self.current[s]
-            i = len(self.transitions)
-            self.transitions.append(dict(episode=ep, t=len(ep.ids), **records[s]))
-            ep.ids.append(i)
-            ep.rows.append(row)
-            self.frames[s].append(frames[s])
-            if bool(self._pick(terminated, s)):
-                ep.end = "terminated"  # terminated wins when both are set
-            elif bool(self._pick(truncated, s)):
-                ep.end = "truncated"
+            self._append(s, frames[s], records[s], bool(self._pick(terminated, s)), bool(self._pick(truncated, s)))
+
+    def extend(self, actions, rewards, next_obs, terminated, truncated, env=0, final_missing=False, **extras):
+        """``len(rewards)`` steps of stream ``env``, as ``step()`` would write them one by one."""
+        if set(extras) != set(self.extras_spec):
+            raise TypeError(f"extras must be {sorted(self.extras_spec)}, got {sorted(extras)}")
+        ep = self.current[env]
+        if ep is None or ep.end is not None:
+            raise RuntimeError("extend() needs an open episode; call reset() first")
+        n = len(rewards)
+        ends = [bool(terminated[i]) or bool(truncated[i]) for i in range(n)]
+        if any(ends[:-1]) or (final_missing and not (n and ends[-1])):
+            raise ValueError("an episode end may only be the block's last step")
+        records = [dict(action=np.array(actions[i], dtype=self.action_dtype), reward=np.float32(rewards[i]),
+                        extras={k: np.array(v[i], dtype=self.extras_spec[k][1]) for k, v in extras.items()})
+                   for i in range(n)]
+        for i in range(n):
+            self._open_rows([env])
+            last_missing = final_missing and i == n - 1
+            frame = np.zeros(self.obs_shape, self.obs_dtype) if last_missing else self._frame(next_obs[i], None)
+            if last_missing:
+                self.missing.add((env, len(self.frames[env])))
+            self._append(env, frame, records[i], bool(terminated[i]), bool(truncated[i]))
+
+    def _append(self, s, frame, record, terminated, truncated):
+        ep = self.current[s]
+        i = len(self.transitions)
+        self.transitions.append(dict(episode=ep, t=len(ep.ids), **record))
+        ep.ids.append(i)
+        ep.rows.append(len(self.frames[s]))
+        self.frames[s].append(frame)
+        if terminated:
+            ep.end = "terminated"  # terminated wins when both are set
+        elif truncated:
+            ep.end = "truncated"
 
     def _record(self, s, action, reward, extras):
         action_s = np.array(self._pick(action, s), dtype=self.action_dtype)
@@ -120,7 +166,7 @@ class ModelStore:
         return dict(action=action_s, reward=np.float32(self._pick(reward, s)), extras=extras_s)
 
     def _pick(self, value, s):
-        return np.asarray(value)[s] if self.vector else value
+        return np.asarray(value)[s] if self.vector and s is not None else value
 
     def _frame(self, obs, s):
         frame = np.array(self._pick(obs, s), dtype=self.obs_dtype)
@@ -134,23 +180,32 @@ class ModelStore:
         self.frames[s].append(frame)
         self.current[s] = ep
 
-    def _open_row(self):
-        """Return the row about to be written; retire old chunks if it opens a new one."""
-        row = len(self.frames[0])  # all streams advance in lockstep
-        per = self.rows_per_chunk
-        if per is not None and row > 0 and row % per == 0:
-            newest = row // per
-            while self.retired_chunks < newest:
-                keep_from = (self.retired_chunks + 1) * per
-                kept = 0
-                for tr in self.transitions:
-                    if self._next_row(tr) >= keep_from:
-                        kept += 1
+    def _open_rows(self, streams):
+        """A row of each of ``streams`` is about to be written: open a new chunk if they need more extents
+        than are left (retiring old chunks first, as far as capacity allows)."""
+        if self.rows_per_chunk is None:
+            return
+        need = [s for s in streams if self.left[s] == 0]
+        if not self.chunks or self.taken + len(need) > self.n_extents:
+            while self.retired_chunks < len(self.chunks):
+                kept = sum(1 for tr in self.transitions if self._chunk_of(tr) > self.retired_chunks)
                 if kept - self.k * self.num_envs >= self.capacity:
                     self.retired_chunks += 1
                 else:
                     break
-        return row
+            self.chunks.append([len(f) for f in self.frames])
+            self.taken, self.left = 0, [0] * self.num_envs
+            need = list(streams)
+        for s in need:
+            self.taken += 1
+            self.left[s] = self.extent
+        for s in streams:
+            self.left[s] -= 1
+
+    def _chunk_of(self, tr):
+        """The chunk holding the transition's next frame."""
+        s, row = tr["episode"].stream, self._next_row(tr)
+        return max(c for c in range(len(self.chunks)) if self.chunks[c][s] <= row)
 
     # ---------------------------------------------------------------- reading
 
@@ -160,9 +215,8 @@ class ModelStore:
 
     @property
     def oldest_id(self):
-        first_row = self._first_retained_row()
         for i, tr in enumerate(self.transitions):
-            if self._next_row(tr) >= first_row:
+            if self._next_row(tr) >= self._first_retained_row(tr["episode"].stream):
                 return i
         return self.next_id
 
@@ -183,9 +237,10 @@ class ModelStore:
         for j in range(m):
             total += self.gamma ** j * float(self.transitions[ep.ids[t + j]]["reward"])
         terminated = end == "terminated"
+        final_gone = (ep.stream, ep.rows[t + m]) in self.missing
         return dict(
             obs=self._stacked(ep, t),
-            next_obs=self._stacked(ep, t + m),
+            next_obs=np.zeros((self.k, *self.obs_shape), self.obs_dtype) if final_gone else self._stacked(ep, t + m),
             action=tr["action"].copy(),
             reward=np.float32(total),
             discount=np.float32(0.0) if terminated else np.float32(self.gamma ** m),
@@ -230,6 +285,8 @@ class ModelStore:
                 out["extras"][name][j] = value
         for j in range(steps + 1):  # states before each step and after the last; zeros after that
             out["obs"][j] = self._stacked(ep, t + j)
+        if (ep.stream, ep.rows[t + steps]) in self.missing:
+            out["obs"][steps] = 0  # the final observation was not available
         return out
 
     def sequence_fits(self, i, length):
@@ -247,8 +304,12 @@ class ModelStore:
 
     # ---------------------------------------------------------------- rules
 
-    def _first_retained_row(self):
-        return 0 if self.rows_per_chunk is None else self.retired_chunks * self.rows_per_chunk
+    def _first_retained_row(self, s):
+        if self.rows_per_chunk is None or self.retired_chunks == 0:
+            return 0
+        if self.retired_chunks < len(self.chunks):
+            return self.chunks[self.retired_chunks][s]
+        return len(self.frames[s])
 
     def _next_row(self, tr):
         return tr["episode"].rows[tr["t"] + 1]
@@ -266,10 +327,14 @@ class ModelStore:
 
     def _complete_and_intact(self, i):
         tr = self.transitions[i]
-        if self._window(tr) is None:
+        window = self._window(tr)
+        if window is None:
             return False
         ep, t = tr["episode"], tr["t"]
-        first_row = self._first_retained_row()
+        m, end = window
+        if (ep.stream, ep.rows[t + m]) in self.missing and end != "terminated":
+            return False  # it would bootstrap from a final observation that is not there
+        first_row = self._first_retained_row(ep.stream)
         for p in range(max(0, t - self.k + 1), t + 1):
             if ep.rows[p] < first_row:
                 return False

@@ -15,22 +15,37 @@ class Feed:
     def __init__(self, stack: int = 2, n_step: int = 3, positions: int = 4, pad: str = "zeros") -> None:
         self.idx = Index(Geometry(1, RS, RS, positions), stack, n_step, pad, 0.5)
         self.epos = 0
+        self.room = 0
+        self.slot = 0
+
+    @property
+    def rows(self) -> int:
+        return int(self.idx.rows[0])
 
     def _row(self) -> int:
         idx = self.idx
-        if idx.rows % RS == 0:
-            idx.add_chunk(idx.rows // RS)
-        return int(idx.geo.slots(0, idx.rows))
+        if self.rows % RS == 0:
+            idx.add_chunk(self.rows // RS, np.array([self.rows]))
+        if self.room == 0:
+            self.slot = idx.geo.allocate(self.rows // RS, 0, self.rows)
+            self.room = idx.geo.extent
+        return self.slot
+
+    def _advance(self) -> None:
+        self.idx.rows += 1
+        self.idx.written += 1
+        self.slot += 1
+        self.room -= 1
 
     def reset(self) -> int:
         idx = self.idx
-        if idx.rows:
-            last = idx.geo.slots(0, idx.rows - 1)
-            if not idx.frame_state(np.array([last]))[0][0]:
-                idx.mark_end(np.array([last]))
+        if self.rows:
+            ended, _, _ = idx.stream_state()
+            if not ended[0]:
+                idx.mark_end(idx.last_slots())
         slot = self._row()
         idx.note_frames(np.array([slot]), np.array([START], np.uint8), np.zeros(1, np.int32), np.array([-1]))
-        idx.rows += 1
+        self._advance()
         self.epos = 0
         return slot
 
@@ -39,6 +54,6 @@ class Feed:
         slot = self._row()
         self.epos += 1
         idx.note_frame(slot, flag | (END if flag else 0), self.epos, idx.next_id)
-        idx.rows += 1
+        self._advance()
         idx.next_id += 1
         return slot

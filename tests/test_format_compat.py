@@ -84,7 +84,7 @@ def test_a_newer_format_is_refused_with_a_clear_error(tmp_path, monkeypatch):
     doc = _manifest(path)
     assert doc["format_version"] == 2  # a compressed store: older mmreplay versions refuse it clearly
     body = {k: v for k, v in doc.items() if k not in ("checksum", "format", "format_version")}
-    monkeypatch.setattr(manifest, "version_needed", lambda body: 3)
+    monkeypatch.setattr(manifest, "version_needed", lambda body: manifest.FORMAT_VERSION + 1)
     manifest.write_manifest(path, body)
     with pytest.raises(mr.FormatVersionError, match="upgrade mmreplay"):
         mr.ReplayStore.open(path)

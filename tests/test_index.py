@@ -78,7 +78,7 @@ def test_retiring_a_chunk_evicts_its_ids_and_cuts_stacks_that_reached_into_it():
     idx.sync()
     before = idx.n_valid
     cleared = idx.retire(0, oldest_id=RS - 1)  # chunk 0 holds rows 0..7 = START + ids 0..6
-    assert idx.oldest_id == RS - 1 and idx.oldest_row == RS
+    assert idx.oldest_id == RS - 1 and idx.oldest_row.tolist() == [RS]
     # the observation stacks (2 frames) of id 7 (rows 6, 7) and id 8 (rows 7, 8) reach into the retired
     # chunk; id 9's (rows 8, 9) does not
     np.testing.assert_array_equal(idx.ids_valid(np.arange(RS - 1, RS + 2)), [False, False, True])

@@ -40,8 +40,9 @@ def _write_rows(log: ChunkLog, n: int, start_every: int = 0) -> None:
     """Rows of one stream: a START first (and every ``start_every`` rows), transitions otherwise."""
     for _ in range(n):
         slot = log.prepare_row()
-        start = log.rows == 0 or (start_every and log.rows % start_every == 0)
-        log.write_frame(slot, np.array([log.rows, 0], np.int32))
+        row = int(log.rows[0])
+        start = row == 0 or (start_every and row % start_every == 0)
+        log.write_frame(slot, np.array([row, 0], np.int32))
         log.ring.arrays["flags"][slot] = 1 if start else 0
         if start:
             log.index.note_frames(np.array([slot]), np.array([1], np.uint8), np.zeros(1, np.int32), np.array([-1]))

@@ -60,7 +60,7 @@ def test_values_outside_0_1_and_nan_raise_naming_the_first(tmp_path, bad, shown)
         s.step(0, 0.0, frame, False, False)
     with pytest.raises(ValueError, match=r"obs: quantize=True .* at \(1, 2\)"):
         s.reset(frame)
-    assert s.id_range == (0, 0) and s.inspect()["rows"] == 1  # nothing was written
+    assert s.id_range == (0, 0) and s.inspect()["rows"] == [1]  # nothing was written (rows per stream)
     with pytest.raises(ValueError, match="expected shape"):
         s.step(0, 0.0, np.zeros((4, 3)), False, False)
     s.close()

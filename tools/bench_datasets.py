@@ -11,6 +11,12 @@
     python tools/bench_datasets.py                      # N = 1,000,000 (needs ~25 GB free disk)
     python tools/bench_datasets.py --transitions 100000 --no-write
 
+Imports against an earlier version of mmreplay, in the same run (each import of each input runs
+with both trees, alternating, in fresh processes; BENCHMARKS.md section `beyond-imports`):
+
+    git archive <commit> mmreplay | tar -x -C /tmp/mmreplay-base
+    python tools/bench_datasets.py --transitions 200000 --baseline /tmp/mmreplay-base
+
 Everything written goes to a scratch directory that is deleted at the end.
 """
 
@@ -18,8 +24,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -79,11 +87,14 @@ def _child(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, 
     return out
 
 
-def isolated(op: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_child, (op, args, kwargs))
+def isolated(op: str, *args: Any, tree: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    """``_child`` in a fresh interpreter; ``tree``: a source tree of mmreplay to import instead of this one."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree or ROOT, os.environ.get("PYTHONPATH", "")]))
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([op, list(args), kwargs])]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{op} {args} failed in a child process:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 # -- inputs ---------------------------------------------------------------------------------------------
@@ -210,12 +221,21 @@ def inflate_rate(path: str, limit: int = 256 * 2**20) -> float:
 
 # -- the run --------------------------------------------------------------------------------------------
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        op, args_, kwargs = json.loads(sys.argv[2])
+        print(json.dumps(_child(op, tuple(args_), kwargs), default=str))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--transitions", type=int, default=1_000_000)
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temporary directory)")
     ap.add_argument("--gzip-level", type=int, default=1, help="gzip level of the generated checkpoint")
     ap.add_argument("--no-write", action="store_true", help="print only, do not update BENCHMARKS.md")
+    ap.add_argument("--baseline", default=None, help="a source tree of an earlier mmreplay: compare imports only")
+    ap.add_argument("--rounds", type=int, default=2, help="with --baseline: alternating rounds per import")
     args = ap.parse_args()
+    if args.baseline:
+        compare_imports(args)
+        return
     n = args.transitions
     scratch = tempfile.mkdtemp(prefix="mmreplay-bench-datasets-", dir=args.dir)
     p = lambda *names: os.path.join(scratch, *names)  # noqa: E731
@@ -284,6 +304,87 @@ def main() -> None:
     ])
     if not args.no_write:
         write_section("datasets", body)
+    print(body)
+
+
+def lowdim_store(path: str, n: int, episode: int = 1000) -> None:
+    """n transitions of MuJoCo-like episodes (17 float32 observations, 6 float32 actions), as in D4RL."""
+    rng = np.random.default_rng(0)
+    with mr.ReplayStore.create(path, capacity=n, obs_shape=(17,), obs_dtype="float32", action_shape=(6,),
+                               action_dtype="float32") as store:
+        for a in range(0, n, episode):
+            m = min(episode, n - a)
+            store.reset(rng.standard_normal(17).astype(np.float32))
+            store.extend(rng.standard_normal((m, 6)).astype(np.float32), rng.standard_normal(m),
+                         rng.standard_normal((m, 17)).astype(np.float32), np.zeros(m, np.bool_),
+                         np.arange(m) == m - 1)
+
+
+def compare_imports(args: argparse.Namespace) -> None:
+    """Every import of the same inputs with this tree and with ``args.baseline``, alternating."""
+    n = args.transitions
+    base = os.path.abspath(args.baseline)
+    if not os.path.exists(os.path.join(base, "mmreplay", "__init__.py")):
+        raise SystemExit(f"--baseline {base}: expected a source tree holding mmreplay/ (see the module docstring)")
+    scratch = tempfile.mkdtemp(prefix="mmreplay-bench-imports-", dir=args.dir)
+    p = lambda *names: os.path.join(scratch, *names)  # noqa: E731
+    load_before = os.getloadavg()[0]
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        print(f"filling an Atari-like store of {n:,} transitions and exporting it ...", flush=True)
+        atari_like_store(p("store"), n).close()
+        isolated("export", p("store"), p("src.zarr"))
+        isolated("export", p("store"), p("src.hdf5"), format="hdf5", next_observations=True)
+        shutil.rmtree(p("store"))
+        dqn_checkpoint(p("dqn"), n, level=args.gzip_level)
+        low = 4 * n
+        print(f"filling a low-dimensional store of {low:,} transitions and exporting it ...", flush=True)
+        lowdim_store(p("low"), low)
+        isolated("export", p("low"), p("low.hdf5"), format="hdf5", next_observations=True)
+        isolated("export", p("low"), p("low-minari"), format="minari", dataset_id="bench/mujoco-v0")
+        shutil.rmtree(p("low"))
+        inputs = [("Atari-like, zarr export", p("src.zarr"), "zarr", n),
+                  ("Atari-like, HDF5 (D4RL layout)", p("src.hdf5"), "d4rl", n),
+                  ("Atari-like, DQN-replay checkpoint", p("dqn"), "dqn-replay", n),
+                  ("MuJoCo-like (17 float32), HDF5 (D4RL layout)", p("low.hdf5"), "d4rl", low),
+                  ("MuJoCo-like (17 float32), Minari", p("low-minari", "bench", "mujoco-v0"), "minari", low)]
+        for r in range(args.rounds):
+            for what, src, fmt, count in inputs:
+                for label, tree in (("before", base), ("after", None)) if r % 2 == 0 else \
+                        (("after", None), ("before", base)):
+                    res = isolated("import", src, p("out"), tree=tree, format=fmt)
+                    shutil.rmtree(p("out"))
+                    results.setdefault(what, {}).setdefault(label, []).append(res["seconds"])
+                    print(f"round {r}: {what} {label}: {count / res['seconds']:,.0f} transitions/s"
+                          f" ({res['seconds']:.1f} s)", flush=True)
+        counts = {what: count for what, _, _, count in inputs}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    load_after = os.getloadavg()[0]
+    rows = []
+    for what, by in results.items():
+        b, a, c = min(by["before"]), min(by["after"]), counts[what]
+        atari = what.startswith("Atari")
+        mb_b = f" ({c * FRAME / 1e6 / b:,.0f} MB/s)" if atari else ""
+        mb_a = f" ({c * FRAME / 1e6 / a:,.0f} MB/s)" if atari else ""
+        rows.append([what, f"{c:,}", f"{c / b:,.0f}{mb_b}", f"**{c / a:,.0f}**{mb_a}", f"{b / a:.1f}x"])
+    body = "\n".join([
+        "### Imports: `extend()` against one `step()` per transition",
+        "",
+        "The same inputs imported by this tree (`extend()`, a block per episode piece) and by a baseline tree",
+        "(the version before `extend()`: one `step()` per transition), alternating, each import in a fresh",
+        f"process; best of {args.rounds} rounds. Atari-like: {n:,} transitions of generated 84x84 uint8 episodes",
+        f"(exports of this version; a DQN-replay checkpoint in Dopamine's layout, gzip level {args.gzip_level});",
+        f"MuJoCo-like: {4 * n:,} transitions of 17 float32 observations and 6 float32 actions in episodes of",
+        "1,000 steps, as in D4RL's locomotion datasets. Transitions/s (and MB/s of raw frames for Atari).",
+        "",
+        table(["import", "transitions", "before (step)", "after (extend)", "speedup"], rows),
+        "",
+        f"Load average (1 min) when the run started / ended: {load_before:.1f} / {load_after:.1f} on"
+        f" {os.cpu_count()} cores.",
+    ])
+    if not args.no_write:
+        write_section("beyond-imports", body)
     print(body)
 
 

@@ -16,7 +16,6 @@ renamed when complete. Errors: ``DatasetError`` (a ``ValueError``) and ``Dataset
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -53,7 +52,7 @@ def _norm(fmt: str, allowed: tuple[str, ...], what: str) -> str:
 
 def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str],
            format: str = "zarr", *, overwrite: bool = False, progress: ProgressArg = True,
-           **options: Any) -> ExportResult:
+           storage_options: dict[str, Any] | None = None, **options: Any) -> ExportResult:
     """Write the complete episodes of a store (as of its last commit) as a dataset; return what was written.
 
     ``format``:
@@ -68,6 +67,13 @@ def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.Pa
       Options: ``compression``, ``level``, ``action_space`` (a Gymnasium space or its Minari JSON),
       ``minari_metadata`` (extra ``metadata.json`` fields such as ``author`` or ``algorithm_name``).
 
+    ``out`` may be an fsspec URL (``s3://bucket/run1.zarr``, ``gs://...``, ``memory://...``; with
+    ``storage_options`` for its filesystem). zarr streams there: each shard is one object, written as
+    soon as it is encoded; the root ``zarr.json`` is written last, so a dataset whose root ``zarr.json``
+    exists is complete. HDF5 and Minari files are written with seeks back into the file (HDF5's own
+    layout), so they are written to a local temporary file first and then uploaded (with a progress bar of
+    bytes). On object storage, ``overwrite=True`` removes the old output before writing the new one.
+
     Episodes whose first frames were retired from the ring, that are still running, or that have
     no step are skipped and counted in the result. ``progress``: a tqdm bar (True), none (False),
     or a ``(total, desc) -> bar`` factory. Raises ``FileExistsError`` if ``out`` exists (unless
@@ -75,6 +81,8 @@ def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.Pa
     """
     fmt = _norm(format, EXPORT_FORMATS, "export")
     store_or_path, out = _user(store_or_path), _user(out)
+    if storage_options is not None:
+        options["storage_options"] = storage_options
     if fmt == "zarr":
         from .zarr_format import export_zarr
 
@@ -91,12 +99,17 @@ def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.Pa
 def import_dataset(src: str | os.PathLike[str], path: str | os.PathLike[str], format: str | None = None, *,
                    stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
                    pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
-                   seed: int = 0, progress: ProgressArg = True, **options: Any) -> ReplayStore:
+                   seed: int = 0, progress: ProgressArg = True, storage_options: dict[str, Any] | None = None,
+                   **options: Any) -> ReplayStore:
     """Build a store at ``path`` from a dataset and return it opened (``mode="r+"``).
 
+    ``src`` is a local path or an fsspec URL (``s3://``, ``gs://``, ``memory://``, ...; ``storage_options``
+    configure its filesystem: credentials, ``endpoint_url``). Remote sources are streamed: read in blocks
+    (gzip'd files front to back, HDF5 through a bounded block cache, zarr a shard at a time), never copied
+    to local disk first, and checked like local files (sizes before allocation; nothing is unpickled).
     ``format``: ``"dqn-replay"`` (a directory of Dopamine replay checkpoints; option ``suffixes``),
     ``"d4rl"``/``"hdf5"``, ``"minari"`` (the dataset directory, or a datasets root with option
-    ``dataset_id``), ``"zarr"`` (option ``storage_options`` for remote URLs), or ``None`` to detect it.
+    ``dataset_id``), ``"zarr"``, or ``None`` to detect it.
     ``stack``/``n_step``/``gamma``/``pad`` default to what the source records, else to the store
     defaults; ``capacity`` to the source's transition count. Transition ids start at 0, in the
     source's episode order. The store is built in a temporary directory next to ``path`` and
@@ -107,9 +120,11 @@ def import_dataset(src: str | os.PathLike[str], path: str | os.PathLike[str], fo
     if format is not None:
         fmt = _norm(format, IMPORT_FORMATS, "import")
     else:
-        fmt = "minari" if options.get("dataset_id") is not None else detect_format(src)
+        fmt = "minari" if options.get("dataset_id") is not None else detect_format(src, storage_options)
     kw: dict[str, Any] = dict(stack=stack, n_step=n_step, gamma=gamma, pad=pad, capacity=capacity,
                               chunk_size=chunk_size, seed=seed, progress=progress, **options)
+    if storage_options is not None:
+        kw["storage_options"] = storage_options
     if fmt == "dqn-replay":
         from .dqn_replay import import_dqn_replay
 
@@ -138,50 +153,50 @@ def _call(fn: Any, fmt: str, *args: Any, **kwargs: Any) -> Any:
     return fn(*args, **kwargs)
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
-    """The dataset format at ``path``: ``"zarr"``, ``"minari"``, ``"dqn-replay"`` or ``"hdf5"`` (D4RL)."""
-    p = os.fspath(path)
-    if "://" in p:
-        return "zarr"
-    if not os.path.exists(p):
-        raise DatasetNotFoundError(f"{p}: no such file or directory")
-    if os.path.isdir(p):
-        if os.path.exists(os.path.join(p, "zarr.json")):
+def detect_format(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> str:
+    """The dataset format at ``path`` (a local path or an fsspec URL): ``"zarr"``, ``"minari"``,
+    ``"dqn-replay"`` or ``"hdf5"`` (D4RL)."""
+    from ._location import Location
+
+    loc = Location.of(path, storage_options)
+    if not loc.exists():
+        raise DatasetNotFoundError(f"{loc}: no such file or directory")
+    if loc.isdir():
+        if loc.join("zarr.json").exists():
             return "zarr"
-        if os.path.exists(os.path.join(p, "metadata.json")) or os.path.exists(os.path.join(p, "data", "metadata.json")):
+        if loc.join("metadata.json").exists() or loc.join("data", "metadata.json").exists():
             return "minari"
-        if glob.glob(os.path.join(glob.escape(p), "$store$_*_ckpt.*.gz")):
+        if loc.glob("$store$_*_ckpt.*.gz"):
             return "dqn-replay"
-        if os.path.exists(os.path.join(p, "manifest.json")):
-            raise DatasetError(f"{p}: is an mmreplay store, not a dataset (use ReplayStore.open)")
-        raise DatasetError(f"{p}: not a recognised dataset directory (expected a zarr group, a Minari dataset"
+        if loc.join("manifest.json").exists():
+            raise DatasetError(f"{loc}: is an mmreplay store, not a dataset (use ReplayStore.open)")
+        raise DatasetError(f"{loc}: not a recognised dataset directory (expected a zarr group, a Minari dataset"
                            " or Dopamine replay checkpoints)")
-    with open(p, "rb") as f:
-        head = f.read(8)
-    if head == b"\x89HDF\r\n\x1a\n":
+    if loc.head(8) == b"\x89HDF\r\n\x1a\n":
         return "hdf5"
-    raise DatasetError(f"{p}: not a recognised dataset file (expected HDF5 in the D4RL layout)")
+    raise DatasetError(f"{loc}: not a recognised dataset file (expected HDF5 in the D4RL layout)")
 
 
-def describe(path: str | os.PathLike[str]) -> list[str]:
-    """Lines describing the dataset at ``path`` (any supported format): episodes, steps, returns, shapes.
+def describe(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> list[str]:
+    """Lines describing the dataset at ``path`` (any supported format, local or an fsspec URL): episodes,
+    steps, returns, shapes.
 
     Raises ``DatasetError``/``DatasetNotFoundError`` when ``path`` is not a dataset this module reads.
     """
     path = _user(path)
-    fmt = detect_format(path)
+    fmt = detect_format(path, storage_options)
     if fmt == "zarr":
         from .zarr_format import describe_zarr
 
-        return describe_zarr(path)
+        return describe_zarr(path, storage_options)
     if fmt == "minari":
         from .minari_format import describe_minari
 
-        return describe_minari(path)
+        return describe_minari(path, storage_options)
     if fmt == "dqn-replay":
         from .dqn_replay import describe_dqn_replay
 
-        return describe_dqn_replay(path)
+        return describe_dqn_replay(path, storage_options)
     from .d4rl import describe_d4rl
 
-    return describe_d4rl(path)
+    return describe_d4rl(path, storage_options)

@@ -28,6 +28,7 @@ from ..episodes import EpisodeSteps, EpisodeTable
 from ..options import Schema
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
+from ._location import Location
 from .errors import DatasetNotFoundError
 
 PIECE = 2048  # frames or steps handled at a time: bounds the memory of every column
@@ -128,9 +129,15 @@ class ExportPlan:
     def frames(self) -> int:
         return self.steps + int(self.order.size)
 
-    def result(self, path: str, fmt: str, seconds: float, extra: dict[str, Any] | None = None) -> ExportResult:
-        return ExportResult(path, fmt, int(self.order.size), self.steps, self.frames, self.skipped_partial,
-                            self.skipped_running, self.skipped_empty, disk_usage(path), seconds, extra or {})
+    def result(self, path: str | Location, fmt: str, seconds: float, extra: dict[str, Any] | None = None) -> ExportResult:
+        """What was written at ``path`` (a local path, or a ``Location``: its URL and stored bytes)."""
+        if isinstance(path, Location) and path.remote:
+            where, size = str(path), int(path.fs.du(path.path, total=True))
+        else:
+            where = os.path.abspath(os.fspath(path.path if isinstance(path, Location) else path))
+            size = disk_usage(where)
+        return ExportResult(where, fmt, int(self.order.size), self.steps, self.frames, self.skipped_partial,
+                            self.skipped_running, self.skipped_empty, size, seconds, extra or {})
 
 
 def plan_export(store: ReplayStore) -> ExportPlan:
@@ -246,11 +253,80 @@ def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: 
         raise
 
 
-def require_path(path: str | os.PathLike[str], what: str) -> str:
-    p = os.fspath(path)
-    if not os.path.exists(p):
-        raise DatasetNotFoundError(f"{what}: {p} does not exist")
-    return p
+@contextlib.contextmanager
+def output(final: Location, overwrite: bool = False, what: str = "out", progress: ProgressArg = False,
+           last: tuple[str, ...] = ()) -> Iterator[str]:
+    """A local path to write an output to, put at ``final`` when the block succeeds.
+
+    Local ``final``: its hidden temporary sibling, renamed into place (``atomic_output``). Remote ``final``
+    (HDF5 files, which the HDF5 library writes with seeks back into the file): a local staging directory,
+    uploaded to ``final`` afterwards (the files at the relative paths ``last`` at the end) with a progress bar of bytes and
+    then deleted; an existing ``final`` is replaced only with ``overwrite`` (removed before the upload:
+    object stores have no atomic rename). A failed upload removes what it wrote.
+    """
+    if not final.remote:
+        with atomic_output(final.path, overwrite, what) as tmp:
+            yield tmp
+        return
+    if final.exists() and not overwrite:
+        raise FileExistsError(f"{what}: {final} already exists; remove it, choose another location or pass"
+                              " overwrite=True")
+    import tempfile
+
+    stage = tempfile.mkdtemp(prefix="mmreplay-upload-")
+    try:
+        tmp = os.path.join(stage, final.name or "out")
+        yield tmp
+        if overwrite:
+            final.remove()
+        try:
+            upload(tmp, final, progress, last)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                final.remove()
+            raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+UPLOAD_BLOCK = 8 << 20
+
+
+def upload(local: str, final: Location, progress: ProgressArg = False, last: tuple[str, ...] = ()) -> int:
+    """Copy a local file, or a directory tree (the files at the relative paths ``last`` at the end, in that
+    order: a reader that finds them finds the rest), to ``final``; returns the bytes copied."""
+    if os.path.isdir(local):
+        files = sorted((os.path.relpath(os.path.join(r, f), local).replace(os.sep, "/") for r, _, fs in os.walk(local)
+                        for f in fs), key=lambda rel: (last.index(rel) if rel in last else -1, rel))
+    else:
+        files = [""]
+    sizes = [os.path.getsize(os.path.join(local, rel) if rel else local) for rel in files]
+    bar_factory = progress if callable(progress) else None
+    with (bar_factory(sum(sizes), "upload") if bar_factory else _byte_bar(bool(progress), sum(sizes))) as bar:
+        for rel in files:
+            src = os.path.join(local, rel) if rel else local
+            dst = final.join(*rel.split("/")) if rel else final
+            with open(src, "rb") as fin, dst.open("wb") as fout:
+                while block := fin.read(UPLOAD_BLOCK):
+                    fout.write(block)
+                    bar.update(len(block))
+    return sum(sizes)
+
+
+def _byte_bar(show: bool, total: int) -> Any:
+    if not show:
+        return _NullBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="upload", unit="B", unit_scale=True, leave=False, file=sys.stderr)
+
+
+def require_path(path: Any, what: str, storage_options: dict[str, Any] | None = None) -> Location:
+    """The dataset location ``path`` (a local path or an fsspec URL), which must exist."""
+    loc = Location.of(path, storage_options)
+    if not loc.exists():
+        raise DatasetNotFoundError(f"{what}: {loc} does not exist")
+    return loc
 
 
 def summary_lines(lengths: np.ndarray, returns: np.ndarray, obs_shape: tuple[int, ...], obs_dtype: Any,

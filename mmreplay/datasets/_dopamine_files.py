@@ -10,9 +10,7 @@ records the cursor instead.
 
 from __future__ import annotations
 
-import glob
 import logging
-import os
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -23,6 +21,7 @@ import numpy as np
 from ..options import MAX_N_STEP, MAX_STACK
 from ._common import require_path
 from ._gznpy import GzNpy
+from ._location import Location
 from ._pickled_ints import read_int_set
 from .errors import DatasetError, DatasetNotFoundError
 
@@ -35,15 +34,15 @@ MAX_INVALID_RANGE = MAX_STACK + MAX_N_STEP
 RESERVED = ("obs", "action", "reward", "flags", "next_obs", "discount", "terminated", "truncated", "index", "weight")
 
 
-def _file(d: str, key: str, suffix: int) -> str:
-    return os.path.join(d, f"{key}_ckpt.{suffix}.gz")
+def _file(d: Location, key: str, suffix: int) -> Location:
+    return d.join(f"{key}_ckpt.{suffix}.gz")
 
 
-def find_suffixes(d: str) -> list[int]:
+def find_suffixes(d: Location) -> list[int]:
     """The checkpoint suffixes with an observation file in ``d``, in increasing order."""
     out = []
-    for p in glob.glob(os.path.join(glob.escape(d), f"{PREFIX}observation_ckpt.*.gz")):
-        m = re.fullmatch(r".*_ckpt\.(\d+)\.gz", os.path.basename(p))
+    for p in d.glob(f"{PREFIX}observation_ckpt.*.gz"):
+        m = re.fullmatch(r".*_ckpt\.(\d+)\.gz", p.name)
         if m:
             out.append(int(m.group(1)))
     return sorted(out)
@@ -53,7 +52,7 @@ def find_suffixes(d: str) -> list[int]:
 class Checkpoint:
     """One suffix: its counters (read at once) and its columns (``load()``, ~10 bytes per slot)."""
 
-    dir: str
+    dir: Location
     suffix: int
     slots: int
     obs_shape: tuple[int, ...]
@@ -82,7 +81,7 @@ class Checkpoint:
     def hi(self) -> int:
         return self.true_add_count
 
-    def path(self, key: str) -> str:
+    def path(self, key: str) -> Location:
         return _file(self.dir, key, self.suffix)
 
     def load(self) -> None:
@@ -96,10 +95,12 @@ class Checkpoint:
                 cols[key] = gz.read_all()
         end = cols["terminal"] != 0
         if self.has_end_indices:
-            where = self.path("episode_end_indices")
-            with open(where, "rb") as f:
-                # a pickled set of slot numbers: a few bytes per slot, whatever the gzip stream claims
-                raw = gunzip(f.read(), 16 * self.slots + 4096, where, "episode_end_indices")
+            loc = self.path("episode_end_indices")
+            where = str(loc)
+            # a pickled set of slot numbers: a few bytes per slot, whatever the gzip stream claims (the
+            # compressed file is read whole: refused first if far larger than that could need)
+            most = 16 * self.slots + 4096
+            raw = gunzip(loc.read_bytes(most + (64 << 20)), most, where, "episode_end_indices")
             try:
                 idx = np.asarray(read_int_set(raw, where), np.int64)
             except ValueError as exc:
@@ -129,10 +130,10 @@ def gunzip(data: bytes, most: int, where: str, key: str) -> bytes:
     return bytes(out)
 
 
-def _scan(d: str, suffix: int) -> Checkpoint:
+def _scan(d: Location, suffix: int) -> Checkpoint:
     """Check a suffix's files exist and read its header, counters and invalid range."""
     for key in [PREFIX + c for c in COLUMNS] + ["add_count", "invalid_range"]:
-        if not os.path.exists(_file(d, key, suffix)):
+        if not _file(d, key, suffix).exists():
             raise DatasetNotFoundError(f"{_file(d, key, suffix)}: missing ({key} of checkpoint {suffix})")
     with GzNpy(_file(d, PREFIX + "observation", suffix), PREFIX + "observation") as gz:
         if len(gz.shape) < 1:
@@ -161,8 +162,8 @@ def _scan(d: str, suffix: int) -> Checkpoint:
                            f" (add_count {add_count}, {slots} slots): expected cursor - update_horizon .."
                            " cursor + stack_size - 1")
     extras = []
-    for p in glob.glob(os.path.join(glob.escape(d), f"{PREFIX}*_ckpt.{suffix}.gz")):
-        key = os.path.basename(p)[len(PREFIX):-len(f"_ckpt.{suffix}.gz")]
+    for p in d.glob(f"{PREFIX}*_ckpt.{suffix}.gz"):
+        key = p.name[len(PREFIX):-len(f"_ckpt.{suffix}.gz")]
         if key in COLUMNS:
             continue
         if key.isidentifier() and key not in RESERVED:
@@ -170,13 +171,13 @@ def _scan(d: str, suffix: int) -> Checkpoint:
         else:
             log.warning("%s: column %r is not a usable extra name; skipped", p, key)
     return Checkpoint(d, suffix, int(slots), tuple(obs_shape), obs_dtype, add_count, int(stack_size),
-                      int(horizon), sorted(extras), os.path.exists(_file(d, "episode_end_indices", suffix)))
+                      int(horizon), sorted(extras), _file(d, "episode_end_indices", suffix).exists())
 
 
-def scan(src: str | os.PathLike[str], suffixes: Any = None) -> list[Checkpoint]:
+def scan(src: Any, suffixes: Any = None, storage_options: dict[str, Any] | None = None) -> list[Checkpoint]:
     """The checkpoints to import, in suffix order, with true add ranges (log_final_buffer corrected)."""
-    d = require_path(src, "dqn-replay")
-    if not os.path.isdir(d):
+    d = require_path(src, "dqn-replay", storage_options)
+    if not d.isdir():
         raise DatasetError(f"dqn-replay: {d} is not a directory of Dopamine checkpoints")
     found = find_suffixes(d)
     if suffixes is None:

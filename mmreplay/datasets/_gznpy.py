@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import queue
 import threading
 import zlib
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ._bounds import check_inflated, check_row
+from ._location import Location
 from .errors import DatasetError, DatasetNotFoundError
 
 _READ = 1 << 20  # compressed bytes read from the file at a time
@@ -38,13 +38,14 @@ class GzNpy:
     dtype, truncated or corrupt data), each naming the file.
     """
 
-    def __init__(self, path: str, key: str) -> None:
-        self.path = path
+    def __init__(self, path: Location | str, key: str) -> None:
+        loc = Location.of(path)
+        self.path = str(loc)
         self.key = key
         try:
-            self._f = open(path, "rb")  # noqa: SIM115 - closed by close()
+            self._f = loc.open("rb")  # a local file, or a remote one streamed in blocks
         except FileNotFoundError:
-            raise DatasetNotFoundError(f"{path}: missing ({key})") from None
+            raise DatasetNotFoundError(f"{loc}: missing ({key})") from None
         try:
             if self._f.read(2) != b"\x1f\x8b":
                 raise DatasetError(f"{path}: not a gzip file ({key}); expected a gzip'd .npy file as Dopamine writes")
@@ -54,8 +55,8 @@ class GzNpy:
             self._eof = False  # the last gzip member ended (its CRC and length were checked by zlib)
             self.shape, self.dtype = self._header()
             self.row_shape = tuple(self.shape[1:])
-            self.row_bytes = check_row(path, key, self.row_shape, self.dtype)
-            check_inflated(path, key, self.shape, self.dtype, os.fstat(self._f.fileno()).st_size, "a gzip file")
+            self.row_bytes = check_row(self.path, key, self.row_shape, self.dtype)
+            check_inflated(self.path, key, self.shape, self.dtype, loc.size(), "a gzip file")
         except BaseException:
             self._f.close()
             raise
@@ -187,7 +188,7 @@ class RowBlocks:
 
     _END = object()
 
-    def __init__(self, path: str, key: str, lo: int, hi: int, block: int = 1024, depth: int = 3) -> None:
+    def __init__(self, path: Location | str, key: str, lo: int, hi: int, block: int = 1024, depth: int = 3) -> None:
         self.path, self.key, self.lo, self.hi, self.block = path, key, lo, hi, max(1, block)
         self._q: queue.Queue[Any] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()

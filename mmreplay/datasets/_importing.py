@@ -1,5 +1,5 @@
 """What the importers share: the store built in a temporary directory and renamed when complete
-(``StoreBuilder``), episodes written through ``reset``/``step`` a piece at a time
+(``StoreBuilder``), episodes written through ``reset``/``extend`` a piece at a time
 (``feed_episode``), and sources read ahead by a thread (``Prefetch``).
 """
 
@@ -97,41 +97,36 @@ class Steps:
 def feed_episode(store: ReplayStore, length: int, read_frames: Callable[[int, int], np.ndarray],
                  read_steps: Callable[[int, int], Steps], final_missing: bool = False,
                  end_open_as_truncated: bool = True, bar: Any = None, piece: int = PIECE) -> None:
-    """Write one episode of ``length`` steps: ``reset(frame 0)`` then one ``step()`` per transition.
+    """Write one episode of ``length`` steps: ``reset(frame 0)`` then one ``extend()`` per piece of steps.
 
     ``read_frames(a, b)`` returns observations ``a .. b-1`` and ``read_steps(a, b)`` steps ``a .. b-1``;
     both are called with ranges of at most ``piece``. ``final_missing``: the source lacks the final
-    observation, so the last step is written with ``next_obs=None`` (the frame is not read).
+    observation, so the last piece is written with ``final_missing=True`` (that frame is not read).
     ``end_open_as_truncated``: a last step with neither flag set ends the episode as truncated.
+    Raises ``DatasetError`` if a step before the last one is flagged as the episode's end.
     """
     store.reset(read_frames(0, 1)[0])
     if bar is not None:
         bar.update(1)
+    schema = store.schema
     for a in range(0, length, piece):
         b = min(a + piece, length)
         last_piece = b == length
         st = read_steps(a, b)
         term = np.asarray(st.terminated, np.bool_)
         trunc = np.asarray(st.truncated, np.bool_)
-        if last_piece and end_open_as_truncated and not (term[-1] or trunc[-1]):
+        missing = last_piece and final_missing
+        if last_piece and (missing or end_open_as_truncated) and not (term[-1] or trunc[-1]):
             trunc = trunc.copy()
             trunc[-1] = True
-        stop = b - 1 if (last_piece and final_missing) else b
-        frames = read_frames(a + 1, stop + 1) if stop > a else None
-        acts = st.actions.tolist() if st.actions.ndim == 1 else st.actions  # Python scalars: cheaper per step
-        rews, terms, truncs = np.asarray(st.rewards, np.float64).tolist(), term.tolist(), trunc.tolist()
-        names = list(st.extras)
-        step = store.step
-        for i in range(stop - a):
-            if names:
-                step(acts[i], rews[i], frames[i], terms[i], truncs[i],  # type: ignore[index]
-                     **{n: st.extras[n][i] for n in names})
-            else:
-                step(acts[i], rews[i], frames[i], terms[i], truncs[i])  # type: ignore[index]
-        if stop < b:
-            i = b - a - 1
-            ex = {n: st.extras[n][i] for n in names} if names else {}
-            store.step(acts[i], rews[i], None, terms[i], truncs[i] or not terms[i], **ex)
+        early = np.flatnonzero((term | trunc)[: b - a - 1 if last_piece else b - a])
+        if early.size:
+            raise DatasetError(f"an episode of {length} steps has step {a + int(early[0])} flagged as its end"
+                               " (terminated or truncated) before its last step; every episode ends once")
+        stop = b - 1 if missing else b
+        frames = read_frames(a + 1, stop + 1) if stop > a else np.zeros((0, *schema.obs_shape), schema.obs_dtype)
+        extras: dict[str, Any] = st.extras
+        store.extend(st.actions, st.rewards, frames, term, trunc, final_missing=missing, **extras)
         if bar is not None:
             bar.update(b - a)
 

@@ -1,4 +1,4 @@
-"""Reading the shards of a local zarr array directly, as ``export_zarr`` lays them out.
+"""Reading the shards of a zarr array directly (local or remote), as ``export_zarr`` lays them out.
 
 zarr-python spends about a millisecond of Python per inner chunk, and holds the GIL for much
 of it, which slows the thread that writes the imported store. For arrays whose layout is the
@@ -10,14 +10,14 @@ None and the caller reads through zarr.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .errors import DatasetError
+from ._location import Location
+from .errors import DatasetError, DatasetNotFoundError
 
 _ABSENT = np.iinfo(np.uint64).max
 
@@ -74,8 +74,9 @@ def _decoder(codecs: list[dict[str, Any]]) -> Callable[[bytes, int], bytes] | No
     return {"gzip": gzip, "zstd": zstd, "blosc": blosc}.get(name)
 
 
-def shard_reader(array: Any, root: str) -> Callable[[int, int], np.ndarray] | None:
-    """``fetch(a, b)`` -> rows ``[a, b)`` of ``array`` (stored under the local directory ``root``), or None."""
+def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray] | None:
+    """``fetch(a, b)`` -> rows ``[a, b)`` of ``array`` (stored under the group at ``root``, a local directory or
+    a remote prefix: one read per shard), or None."""
     try:
         meta = array.metadata.to_dict()
         grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
@@ -90,25 +91,26 @@ def shard_reader(array: Any, root: str) -> Callable[[int, int], np.ndarray] | No
     except (KeyError, TypeError, ValueError):
         return None
     decode = _decoder(cfg["codecs"]) if ok else None
-    if decode is None or not os.path.isdir(root):
+    if decode is None or not root.isdir():
         return None
     import google_crc32c
 
-    directory = os.path.join(root, *array.path.split("/"))
+    directory = root.join(*array.path.split("/"))
     shard_rows, chunk_rows = int(grid[0]), int(cfg["chunk_shape"][0])
     per_shard = shard_rows // chunk_rows
     row_shape, dtype, size = tuple(array.shape[1:]), np.dtype(array.dtype), int(array.shape[0])
     chunk_bytes = chunk_rows * int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
     fill = np.asarray(array.fill_value if array.fill_value is not None else 0, dtype)
     cache: dict[str, Any] = {"shard": -1}
+    # a shard holds its chunks, each at most its raw size plus a codec's few bytes of framing, and the index
+    most = per_shard * (chunk_bytes + 4096) + per_shard * 16 + 4
 
     def load(s: int) -> tuple[bytes, np.ndarray]:
         if cache["shard"] != s:
-            path = os.path.join(directory, "c", str(s), *["0"] * len(row_shape))
+            path = directory.join("c", str(s), *["0"] * len(row_shape))
             try:
-                with open(path, "rb") as f:
-                    blob = f.read()
-            except FileNotFoundError:
+                blob = path.read_bytes(most)
+            except (FileNotFoundError, DatasetNotFoundError):
                 blob = b""  # an absent shard: every chunk is the fill value
             index = np.full((per_shard, 2), _ABSENT, np.uint64)
             if blob:

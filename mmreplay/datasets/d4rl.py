@@ -15,9 +15,11 @@ sampleable. With ``next_observations`` a round trip is exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,10 +29,10 @@ from ._bounds import h5_get, h5_names, nbytes, rows_per_piece
 from ._common import (
     ExportResult,
     ProgressArg,
-    atomic_output,
     frame_pieces,
     layout_attrs,
     open_reader,
+    output,
     plan_export,
     progress_bar,
     require_path,
@@ -39,6 +41,7 @@ from ._common import (
 )
 from ._h5 import H5Column, dataset_options, pool, row_reader
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._location import Location
 from .errors import DatasetError
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
@@ -46,17 +49,20 @@ OPTIONAL = ("timeouts", "next_observations")
 RDCC = 64 * 2**20  # h5py chunk cache per dataset: whole chunks stay cached between reads
 
 
-def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str], *,
+def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: Any, *,
                 compression: str | None = "gzip", level: int | None = None, next_observations: bool = False,
-                chunk_frames: int = 64, overwrite: bool = False, progress: ProgressArg = True) -> ExportResult:
-    """Write the store's complete episodes to one HDF5 file ``out`` in the D4RL layout."""
+                chunk_frames: int = 64, overwrite: bool = False, progress: ProgressArg = True,
+                storage_options: dict[str, Any] | None = None) -> ExportResult:
+    """Write the store's complete episodes to one HDF5 file ``out`` in the D4RL layout (a local path, or an
+    fsspec URL: the file is then written locally and uploaded, see ``_common.output``)."""
     import h5py
 
     comp = dataset_options(compression, level)
     if isinstance(chunk_frames, bool) or not isinstance(chunk_frames, int) or chunk_frames < 1:
         raise ValueError(f"chunk_frames: expected a positive int, got {chunk_frames!r}")
     t0 = time.perf_counter()
-    with open_reader(store) as s, atomic_output(out, overwrite, "export") as tmp:
+    final = Location.of(out, storage_options)
+    with open_reader(store) as s, output(final, overwrite, "export", progress) as tmp:
         plan = plan_export(s)
         t, order, sch = plan.table, plan.order, s.schema
         n = plan.steps
@@ -99,19 +105,24 @@ def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: str | os.PathL
             f.attrs.update({"format": "d4rl", "stack": sch.stack, "pad": sch.pad, "n_step": sch.n_step,
                             "gamma": sch.gamma, "mmreplay": json.dumps(layout),
                             "final_missing_episodes": np.asarray(missing, np.int64)})
-    return plan.result(os.path.abspath(os.fspath(out)), "hdf5", time.perf_counter() - t0,
-                       {"next_observations": bool(next_observations)})
+    return plan.result(final, "hdf5", time.perf_counter() - t0, {"next_observations": bool(next_observations)})
 
 
 # -- reading ------------------------------------------------------------------------------------------
-def _open(src: str | os.PathLike[str]) -> Any:
+@contextlib.contextmanager
+def _open(src: Any, storage_options: dict[str, Any] | None = None) -> Iterator[tuple[Any, Location]]:
+    """The HDF5 file at ``src`` (a local path, or a URL read through a bounded block cache) and where it is."""
     import h5py
 
-    p = require_path(src, "d4rl")
-    try:
-        return h5py.File(p, "r", rdcc_nbytes=RDCC)
-    except OSError as exc:
-        raise DatasetError(f"{p}: not an HDF5 file ({exc})") from None
+    loc = require_path(src, "d4rl", storage_options)
+    with contextlib.ExitStack() as stack:
+        handle: Any = loc.path if not loc.remote else stack.enter_context(loc.open("rb", random_access=True))
+        try:
+            f = h5py.File(handle, "r", rdcc_nbytes=RDCC)
+        except OSError as exc:
+            raise DatasetError(f"{loc}: not an HDF5 file ({exc})") from None
+        with f:
+            yield f, loc
 
 
 class _D4RL:
@@ -163,12 +174,12 @@ class _D4RL:
         return np.add.reduceat(r, self.first) if self.first.size else np.zeros(0)
 
 
-def import_d4rl(src: str | os.PathLike[str], path: str | os.PathLike[str], *, stack: int | None = None,
+def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = None,
                 n_step: int | None = None, gamma: float | None = None, pad: str | None = None,
                 capacity: int | None = None, chunk_size: int | None = None, seed: int = 0,
-                progress: ProgressArg = True) -> ReplayStore:
-    where = os.fspath(src)
-    with _open(src) as f:
+                progress: ProgressArg = True, storage_options: dict[str, Any] | None = None) -> ReplayStore:
+    with _open(src, storage_options) as (f, loc):
+        where = str(loc)
         d = _D4RL(f, where)
         obs, acts, rews, nxt = (d.ds[k] for k in ("observations", "actions", "rewards", "next_observations"))
         attrs = d.attrs
@@ -176,7 +187,7 @@ def import_d4rl(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
         recorded = {k: _plain(attrs[k]) for k in ("stack", "n_step", "gamma", "pad") if k in attrs}
         missing = set(np.asarray(attrs.get("final_missing_episodes", []), np.int64).tolist())
         meta = dict(layout.get("metadata") or {})
-        meta["source"] = {"format": "d4rl", "path": os.path.abspath(where), "steps": d.n,
+        meta["source"] = {"format": "d4rl", "path": where if loc.remote else os.path.abspath(where), "steps": d.n,
                           "episodes": int(d.first.size), "next_observations": nxt is not None}
         extras = {name: (tuple(ds.shape[1:]), ds.dtype) for name, ds in d.infos.items()}
         with StoreBuilder(path) as b:
@@ -224,9 +235,9 @@ def _layout(attrs: dict[str, Any], where: str) -> dict[str, Any]:
     return out if isinstance(out, dict) else {}
 
 
-def describe_d4rl(src: str | os.PathLike[str]) -> list[str]:
-    where = os.fspath(src)
-    with _open(src) as f:
+def describe_d4rl(src: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
+    with _open(src, storage_options) as (f, loc):
+        where = str(loc)
         d = _D4RL(f, where)
         obs, acts = d.ds["observations"], d.ds["actions"]
         lengths = d.last - d.first + 1

@@ -22,8 +22,9 @@ How rows become the store: rows are taken in add order (oldest first); suffixes 
 together are joined by add index (overlapping rows are checked to agree and imported once;
 a gap ends the open episode). A fresh ring whose start was overwritten begins with the row
 after the cursor: unless that stale row ended an episode, its episode lost its start and is
-written with ``reset(obs, head_lost=True)``. Each episode's last step is written with
-``next_obs=None`` (terminated, or truncated for a non-terminal end). The episode still
+written with ``reset(obs, head_lost=True)``. Each episode's steps go to the store in blocks
+(``extend``); its last step has no final observation (``final_missing=True``: terminated, or
+truncated for a non-terminal end). The episode still
 running at the last row stays open: its last row has no next frame.
 """
 
@@ -42,21 +43,26 @@ from ._common import ProgressArg, progress_bar, summary_lines
 from ._dopamine_files import PREFIX, Checkpoint, check_overlap, scan
 from ._gznpy import RowBlocks
 from ._importing import StoreBuilder, sampling_params
+from ._location import Location
 from .errors import DatasetError
 
 BLOCK = 1024  # frames per block handed over by the inflating thread
 HEAD_AHEAD = 256  # a first slot run this short is inflated while the previous checkpoint imports
-_NONE: dict[str, Any] = {}  # no extras (shared, never modified)
 
 
 class _RowWriter:
-    """Turns Dopamine rows (in add order) into ``reset``/``step`` calls on the store."""
+    """Turns Dopamine rows (in add order) into ``reset``/``extend`` calls on the store.
+
+    Row ``i`` of an episode holds ``(o_i, a_i, r_i, terminal_i)``: its transition's next observation is
+    the next row's frame, so a row waits (``pending``) until that frame arrives. The transitions of a
+    block of rows go to the store in one ``extend`` per episode piece.
+    """
 
     def __init__(self, store: ReplayStore, stack_size: int) -> None:
         self.store = store
         self.pad = stack_size - 1
         self.pad_left = 0
-        self.pending: tuple[Any, float, dict[str, Any]] | None = None  # open episode's last row
+        self.pending: tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]] | None = None  # open episode's last row
         self.head_lost_next = False
         self.at_buffer_start = False
         self.counts = {"episodes": 0, "terminated": 0, "truncated": 0, "head_lost": 0}
@@ -69,40 +75,69 @@ class _RowWriter:
         self.head_lost_next = ended_before is False
         self.at_buffer_start = ended_before is None
 
-    def rows(self, frames: np.ndarray, act: list[Any], rew: list[float], term: list[bool], end: list[bool],
+    def rows(self, frames: np.ndarray, act: np.ndarray, rew: np.ndarray, term: np.ndarray, end: np.ndarray,
              extras: dict[str, np.ndarray], where: Any) -> None:
-        store = self.store
-        names = list(extras)
-        for j in range(len(frames)):
+        store, n, j = self.store, len(frames), 0
+        while j < n:
             if self.pad_left:
-                if act[j] != 0 or rew[j] != 0 or term[j] or end[j] or frames[j].any():
-                    hint = (" (a checkpoint written by log_final_buffer records its cursor as add_count: import"
-                            " it together with the checkpoint logged before it)" if self.at_buffer_start else "")
-                    raise DatasetError(f"{where(j)}: expected a zero padding row ({self.pad} precede every episode"
-                                       f" in Dopamine's layout), found data{hint}")
-                self.pad_left -= 1
+                k = min(self.pad_left, n - j)
+                self._check_padding(frames, act, rew, term, end, j, j + k, where, self.at_buffer_start, self.pad)
+                self.pad_left -= k
+                j += k
                 continue
             self.at_buffer_start = False
-            x = {n: extras[n][j] for n in names} if names else _NONE
-            if self.pending is None:
+            if self.pending is None:  # row j starts an episode
                 store.reset(frames[j], head_lost=self.head_lost_next)
                 self.counts["episodes"] += 1
                 self.counts["head_lost"] += int(self.head_lost_next)
                 self.head_lost_next = False
-            else:
-                a, r, px = self.pending
-                if px:
-                    store.step(a, r, frames[j], False, False, **px)
-                else:
-                    store.step(a, r, frames[j], False, False)
-            if end[j]:
-                store.step(act[j], rew[j], None, bool(term[j]), not term[j], **x)
-                self.counts["terminated" if term[j] else "truncated"] += 1
-                self.pending = None
-                self.pad_left = self.pad
-            else:
-                self.pending = (act[j], rew[j], x)
+                self.pending = (act[j:j + 1], rew[j:j + 1], {x: v[j:j + 1] for x, v in extras.items()})
+                j = self._close(frames, act, rew, term, extras, j + 1, j) if end[j] else j + 1
+                continue
+            hits = np.flatnonzero(end[j:])
+            if hits.size:
+                j = self._close(frames, act, rew, term, extras, j, j + int(hits[0]))
+            else:  # every row to the block's end continues the episode; the last one waits for its frame
+                pa, pr, px = self.pending
+                xs: dict[str, Any] = {x: np.concatenate([px[x], v[j:n - 1]]) for x, v in extras.items()}
+                store.extend(np.concatenate([pa, act[j:n - 1]]), np.concatenate([pr, rew[j:n - 1]]), frames[j:n],
+                             np.zeros(n - j, np.bool_), np.zeros(n - j, np.bool_), **xs)
+                self.pending = (act[n - 1:n], rew[n - 1:n], {x: v[n - 1:n] for x, v in extras.items()})
+                j = n
 
+    def _close(self, frames: np.ndarray, act: np.ndarray, rew: np.ndarray, term: np.ndarray,
+               extras: dict[str, np.ndarray], first: int, e: int) -> int:
+        """The open episode ends at row ``e`` (its final observation is never stored). Its transitions: the
+        pending row's (next frame: row ``first``), then those of rows ``first .. e``, each followed by the
+        next row's frame, the last by none. Returns the row after ``e``."""
+        assert self.pending is not None
+        pa, pr, px = self.pending
+        rows = slice(first, e + 1)
+        acts = np.concatenate([pa, act[rows]])
+        terminal = bool(term[e])
+        last = np.zeros(acts.shape[0], np.bool_)
+        last[-1] = True
+        none = np.zeros_like(last)
+        xs: dict[str, Any] = {x: np.concatenate([px[x], v[rows]]) for x, v in extras.items()}
+        self.store.extend(acts, np.concatenate([pr, rew[rows]]), frames[rows], last if terminal else none,
+                          none if terminal else last, final_missing=True, **xs)
+        self.counts["terminated" if terminal else "truncated"] += 1
+        self.pending = None
+        self.pad_left = self.pad
+        return e + 1
+
+    @staticmethod
+    def _check_padding(frames: np.ndarray, act: np.ndarray, rew: np.ndarray, term: np.ndarray, end: np.ndarray,
+                       a: int, b: int, where: Any, at_buffer_start: bool = False, pad: int = 0) -> None:
+        """Rows ``a .. b-1`` must be Dopamine's zero padding rows."""
+        data = ((act[a:b].reshape(b - a, -1) != 0).any(axis=1) | (rew[a:b] != 0) | (term[a:b] != 0) | end[a:b]
+                | frames[a:b].reshape(b - a, -1).any(axis=1))
+        if data.any():
+            j = a + int(np.flatnonzero(data)[0])
+            hint = (" (a checkpoint written by log_final_buffer records its cursor as add_count: import"
+                    " it together with the checkpoint logged before it)" if at_buffer_start else "")
+            raise DatasetError(f"{where(j)}: expected a zero padding row ({pad} precede every episode"
+                               f" in Dopamine's layout), found data{hint}")
 
 def _slot_runs(start: int, stop: int, slots: int) -> list[tuple[int, int]]:
     """Slot ranges holding add indices ``[start, stop)``, in add order (at most two: the ring wraps)."""
@@ -113,11 +148,13 @@ def _slot_runs(start: int, stop: int, slots: int) -> list[tuple[int, int]]:
     return [(s0, s0 + n)] if s0 + n <= slots else [(s0, slots), (0, s0 + n - slots)]
 
 
-def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str], *, suffixes: Any = None,
+def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any = None,
                       stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
                       pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
+                      storage_options: dict[str, Any] | None = None,
                       seed: int = 0, progress: ProgressArg = True) -> ReplayStore:
-    ckpts = scan(src, suffixes)
+    loc = Location.of(src, storage_options)
+    ckpts = scan(loc, suffixes)
     # which add indices each checkpoint contributes, and whether it continues the previous one
     plan: list[tuple[Checkpoint, int, bool]] = []
     cur: int | None = None
@@ -137,7 +174,7 @@ def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str],
     recorded = {"stack": first.stack_size, "n_step": first.update_horizon, "pad": "zeros"}
     extras = {k: (tuple(first.columns[k].shape[1:]), first.columns[k].dtype) for k in first.extras}
     meta: dict[str, Any] = {"source": {
-        "format": "dqn-replay", "path": os.path.abspath(os.fspath(src)),
+        "format": "dqn-replay", "path": str(loc) if loc.remote else os.path.abspath(loc.path),
         "suffixes": [c.suffix for c, _, _ in plan], "stack_size": first.stack_size,
         "update_horizon": first.update_horizon,
         "terminal_marks_time_limit": not first.has_end_indices,
@@ -187,8 +224,7 @@ def import_dqn_replay(src: str | os.PathLike[str], path: str | os.PathLike[str],
                             sl = slice(done, done + n)
                             base_slot = int(slots[done])
                             a = act[sl]
-                            writer.rows(frames, a.tolist() if a.ndim == 1 else list(a), rew[sl].tolist(),
-                                        term[sl].tolist(), end[sl].tolist(), {x: v[sl] for x, v in xs.items()},
+                            writer.rows(frames, a, rew[sl], term[sl], end[sl], {x: v[sl] for x, v in xs.items()},
                                         lambda j, s=base_slot, p=obs_path, m=c.slots: f"{p}: slot {(s + j) % m}")
                             done += n
                             bar.update(n)
@@ -225,15 +261,16 @@ def _block(c: Checkpoint) -> int:
 
 
 @contextlib.contextmanager
-def _frames_of(path: str, lo: int, hi: int, ready: RowBlocks | None, block: int) -> Iterator[RowBlocks]:
+def _frames_of(path: Location, lo: int, hi: int, ready: RowBlocks | None, block: int) -> Iterator[RowBlocks]:
     """Blocks of frame rows ``[lo, hi)``, streamed by a thread (started earlier when ``ready``)."""
     with ready if ready is not None else RowBlocks(path, PREFIX + "observation", lo, hi, block) as blocks:
         yield blocks
 
 
-def describe_dqn_replay(src: str | os.PathLike[str]) -> list[str]:
-    ckpts = scan(src)
-    lines = [f"dataset     {os.fspath(src)} (Dopamine replay checkpoints, {len(ckpts)} suffixes:"
+def describe_dqn_replay(src: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
+    loc = Location.of(src, storage_options)
+    ckpts = scan(loc)
+    lines = [f"dataset     {loc} (Dopamine replay checkpoints, {len(ckpts)} suffixes:"
              f" {', '.join(str(c.suffix) for c in ckpts[:12])}{' ...' if len(ckpts) > 12 else ''})"]
     first = ckpts[0]
     first.load()

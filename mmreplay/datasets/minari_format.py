@@ -17,11 +17,13 @@ installed (the source was already lossy), and refuse otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -32,11 +34,11 @@ from ._bounds import check_row, h5_get, h5_names, nbytes, rows_per_piece
 from ._common import (
     ExportResult,
     ProgressArg,
-    atomic_output,
     disk_usage,
     frame_pieces,
     layout_attrs,
     open_reader,
+    output,
     plan_export,
     progress_bar,
     require_path,
@@ -45,6 +47,7 @@ from ._common import (
 )
 from ._h5 import H5Column, dataset_options, pool, row_reader
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._location import Location
 from .errors import DatasetError, DatasetNotFoundError
 
 DATASET_ID = re.compile(r"^(?:[A-Za-z0-9_.\-]+/)*[A-Za-z0-9_.\-]+-v\d+$")
@@ -111,8 +114,10 @@ def _action_space(given: Any, store_meta: dict[str, Any], shape: tuple[int, ...]
 def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str], *,
                   dataset_id: str | None = None, compression: str | None = "gzip", level: int | None = None,
                   action_space: Any = None, minari_metadata: dict[str, Any] | None = None,
-                  chunk_frames: int = 64, overwrite: bool = False, progress: ProgressArg = True) -> ExportResult:
-    """Write the store's complete episodes as the Minari dataset ``<out>/<dataset_id>``."""
+                  chunk_frames: int = 64, overwrite: bool = False, progress: ProgressArg = True,
+                  storage_options: dict[str, Any] | None = None) -> ExportResult:
+    """Write the store's complete episodes as the Minari dataset ``<out>/<dataset_id>`` (``out`` a local
+    path, or an fsspec URL: the dataset is then written locally and uploaded, see ``_common.output``)."""
     import h5py
 
     if not isinstance(dataset_id, str) or not DATASET_ID.match(dataset_id) or ".." in dataset_id.split("/"):
@@ -120,9 +125,10 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
                          f" got {dataset_id!r}")
     comp = dataset_options(compression, level)
     extra_meta = dict(minari_metadata or {})
-    final = os.path.join(os.path.abspath(os.fspath(out)), dataset_id)
+    root = Location.of(out, storage_options)
+    final = root.join(dataset_id) if root.remote else Location(os.path.join(os.path.abspath(root.path), dataset_id))
     t0 = time.perf_counter()
-    with open_reader(store) as s, atomic_output(final, overwrite, "export") as tmp:
+    with open_reader(store) as s, output(final, overwrite, "export", progress, ("data/metadata.json",)) as tmp:
         plan = plan_export(s)
         t, order, sch = plan.table, plan.order, s.schema
         os.makedirs(os.path.join(tmp, "data"))
@@ -184,22 +190,25 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
 
 
 # -- import -------------------------------------------------------------------------------------------
-def _data_dir(src: str | os.PathLike[str], dataset_id: str | None) -> str:
-    p = require_path(src, "minari")
+def _data_dir(src: Any, dataset_id: str | None, storage_options: dict[str, Any] | None = None) -> Location:
+    p = require_path(src, "minari", storage_options)
     if dataset_id is not None:
-        p = os.path.join(p, dataset_id)
-        if not os.path.isdir(p):
-            raise DatasetNotFoundError(f"minari: no dataset {dataset_id!r} under {os.fspath(src)} ({p} does not exist)")
-    data = os.path.join(p, "data")
-    return data if os.path.isdir(data) else p
+        p = p.join(dataset_id)
+        if not p.isdir():
+            raise DatasetNotFoundError(f"minari: no dataset {dataset_id!r} under {src} ({p} does not exist)")
+    data = p.join("data")
+    return data if data.isdir() else p
 
 
-def read_metadata(data: str) -> dict[str, Any]:
-    where = os.path.join(data, "metadata.json")
+MAX_METADATA_BYTES = 64 << 20  # metadata.json: spaces and descriptions, never this large
+
+
+def read_metadata(data: Location | str) -> dict[str, Any]:
+    loc = Location.of(data).join("metadata.json")
+    where = str(loc)
     try:
-        with open(where) as fh:
-            meta = json.load(fh)
-    except FileNotFoundError:
+        meta = json.loads(loc.read_bytes(MAX_METADATA_BYTES))
+    except (FileNotFoundError, DatasetNotFoundError):
         raise DatasetNotFoundError(f"{where}: missing (Minari datasets keep their metadata there)") from None
     except ValueError as exc:
         raise DatasetError(f"{where}: not valid JSON ({exc})") from None
@@ -260,15 +269,14 @@ class _Frames:
         return out
 
 
-def import_minari(src: str | os.PathLike[str], path: str | os.PathLike[str], *, dataset_id: str | None = None,
+def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | None = None,
                   stack: int | None = None, n_step: int | None = None, gamma: float | None = None,
                   pad: str | None = None, capacity: int | None = None, chunk_size: int | None = None,
-                  seed: int = 0, progress: ProgressArg = True) -> ReplayStore:
-    import h5py
-
-    data = _data_dir(src, dataset_id)
+                  seed: int = 0, progress: ProgressArg = True,
+                  storage_options: dict[str, Any] | None = None) -> ReplayStore:
+    data = _data_dir(src, dataset_id, storage_options)
     meta = read_metadata(data)
-    where = os.path.join(data, "metadata.json")
+    where = str(data.join("metadata.json"))
     obs_shape, obs_dtype = space_layout(meta["observation_space"], f"{where}: observation_space")
     act_shape, act_dtype = space_layout(meta["action_space"], f"{where}: action_space")
     ours: dict[str, Any] = meta["mmreplay"] if isinstance(meta.get("mmreplay"), dict) else {}
@@ -283,15 +291,17 @@ def import_minari(src: str | os.PathLike[str], path: str | os.PathLike[str], *, 
     for name, (shp, dt) in extras.items():
         check_row(where, f"extra {name!r}", shp, dt)
     jpeg = bool(meta.get("jpeg_encoding", True)) and is_image_space(meta["observation_space"])
-    h5 = os.path.join(data, "main_data.hdf5")
-    if not os.path.exists(h5):
+    h5_loc = data.join("main_data.hdf5")
+    h5 = str(h5_loc)
+    if not h5_loc.exists():
         raise DatasetNotFoundError(f"{h5}: missing (the Minari HDF5 backend keeps the episodes there)")
     n_eps = _count(meta, "total_episodes", where)
     store_meta = dict(ours.get("metadata") or {})
-    store_meta["source"] = {"format": "minari", "path": os.path.abspath(data), "dataset_id": meta.get("dataset_id"),
-                            "episodes": n_eps, "steps": meta.get("total_steps"), "jpeg_decoded": False}
+    store_meta["source"] = {"format": "minari", "path": str(data) if data.remote else os.path.abspath(data.path),
+                            "dataset_id": meta.get("dataset_id"), "episodes": n_eps, "steps": meta.get("total_steps"),
+                            "jpeg_decoded": False}
     piece = rows_per_piece(nbytes(obs_shape, obs_dtype))
-    with h5py.File(h5, "r") as f, StoreBuilder(path) as b:
+    with _h5_file(h5_loc) as f, StoreBuilder(path) as b:
         groups = [_episode(f, e, n_eps, h5, [f"infos/{n}" for n in extras]) for e in range(n_eps)]
         total = sum(int(g["rewards"].shape[0]) for g in groups)
         store = b.create(capacity=capacity or max(1, total), obs_shape=obs_shape, obs_dtype=obs_dtype,
@@ -351,16 +361,29 @@ def _episode(f: Any, e: int, n_eps: int, h5: str, more: list[str]) -> Any:
     return g
 
 
-def describe_minari(src: str | os.PathLike[str]) -> list[str]:
+@contextlib.contextmanager
+def _h5_file(loc: Location) -> Iterator[Any]:
+    """Minari's ``main_data.hdf5``: a local file, or a remote one read through a bounded block cache."""
     import h5py
 
-    data = _data_dir(src, None)
+    with contextlib.ExitStack() as stack:
+        handle: Any = loc.path if not loc.remote else stack.enter_context(loc.open("rb", random_access=True))
+        try:
+            f = h5py.File(handle, "r")
+        except OSError as exc:
+            raise DatasetError(f"{loc}: not an HDF5 file ({exc})") from None
+        with f:
+            yield f
+
+
+def describe_minari(src: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
+    data = _data_dir(src, None, storage_options)
     meta = read_metadata(data)
-    where = os.path.join(data, "metadata.json")
+    where = str(data.join("metadata.json"))
     obs_shape, obs_dtype = space_layout(meta["observation_space"], f"{where}: observation_space")
     act_shape, act_dtype = space_layout(meta["action_space"], f"{where}: action_space")
     lengths, returns = [], []
-    with h5py.File(os.path.join(data, "main_data.hdf5"), "r") as f:
+    with _h5_file(data.join("main_data.hdf5")) as f:
         n_eps = _count(meta, "total_episodes", where)
         for e in range(n_eps):
             r = np.asarray(_episode(f, e, n_eps, f.filename, [])["rewards"][()], np.float64)

@@ -22,8 +22,10 @@ rewrite the shard). Consolidated metadata is written last.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import shutil
 import time
 import warnings
 from collections import deque
@@ -46,8 +48,10 @@ from ._common import (
     plan_export,
     progress_bar,
     step_pieces,
+    upload,
 )
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._location import Location
 from ._zarr_shards import shard_reader
 from .errors import DatasetError, DatasetNotFoundError
 
@@ -104,7 +108,7 @@ class _Encoder:
         return raw.tobytes() if self.codec is None else bytes(self.codec.encode(raw))
 
 
-def _write_shard(path: str, data: np.ndarray, chunk_rows: int, chunks_per_shard: int, ndim: int,
+def _write_shard(path: Location, data: np.ndarray, chunk_rows: int, chunks_per_shard: int, ndim: int,
                  encode: _Encoder) -> None:
     """One shard file as zarr's ``sharding_indexed`` codec lays it out: the encoded inner chunks in
     order, then the index (``(offset, nbytes)`` uint64 per chunk, little-endian, 2**64-1 for an
@@ -125,10 +129,7 @@ def _write_shard(path: str, data: np.ndarray, chunk_rows: int, chunks_per_shard:
         offset += len(blob)
     raw_index = index.reshape((chunks_per_shard,) + (1,) * (ndim - 1) + (2,)).astype("<u8").tobytes()
     parts += [raw_index, np.uint32(google_crc32c.value(raw_index)).astype("<u4").tobytes()]
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
-        for blob in parts:
-            f.write(blob)
+    path.write_bytes(b"".join(parts))  # a file, or one object of a remote store
 
 
 class _Column:
@@ -138,7 +139,7 @@ class _Column:
     are simple (see ``_write_shard``), so they are produced here and read back by zarr in tests.
     """
 
-    def __init__(self, array: Any, directory: str, chunk_rows: int, shard_rows: int, encode: _Encoder,
+    def __init__(self, array: Any, directory: Location, chunk_rows: int, shard_rows: int, encode: _Encoder,
                  executor: ThreadPoolExecutor, inflight: int = 1) -> None:
         self.dir = directory
         self.size = int(array.shape[0])
@@ -165,7 +166,7 @@ class _Column:
 
     def _submit(self) -> None:
         assert self.buf is not None
-        key = os.path.join(self.dir, "c", str(self.base // self.shard_rows), *["0"] * len(self.row_shape))
+        key = self.dir.join("c", str(self.base // self.shard_rows), *["0"] * len(self.row_shape))
         self.pending.append(self.executor.submit(_write_shard, key, self.buf[:self.fill], self.chunk_rows,
                                                  self.shard_rows // self.chunk_rows, 1 + len(self.row_shape),
                                                  self.encode))
@@ -182,11 +183,41 @@ class _Column:
             self.pending.popleft().result()
 
 
-def export_zarr(store: ReplayStore | str | os.PathLike[str], out: str | os.PathLike[str], *,
+@contextlib.contextmanager
+def _target(final: Location, overwrite: bool, progress: ProgressArg) -> Iterator[tuple[str, Location]]:
+    """(local directory for zarr's metadata, where the shards go). Local ``final``: both are its temporary
+    sibling, renamed into place at the end. Remote ``final``: shards are written straight to it, one object
+    each, as they are encoded; the metadata (a few KB of ``zarr.json``) is built locally and uploaded last,
+    the root group's ``zarr.json`` at the very end, so a reader that finds it finds a complete dataset."""
+    if not final.remote:
+        with atomic_output(final.path, overwrite, "export") as tmp:
+            yield tmp, Location(tmp)
+        return
+    if final.exists():
+        if not overwrite:
+            raise FileExistsError(f"export: {final} already exists; remove it, choose another location or pass"
+                                  " overwrite=True")
+        final.remove()  # object stores have no atomic rename: the old dataset goes first
+    import tempfile
+
+    meta = tempfile.mkdtemp(prefix="mmreplay-zarr-meta-")
+    try:
+        yield meta, final
+        upload(meta, final, False, ("zarr.json",))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            final.remove()
+        raise
+    finally:
+        shutil.rmtree(meta, ignore_errors=True)
+
+
+def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
                 compression: str | None = "zstd", level: int | None = None, chunk_frames: int = 32,
                 chunk_steps: int = 16384, shard_bytes: int = 32 * 2**20, overwrite: bool = False,
-                progress: ProgressArg = True) -> ExportResult:
-    """Write the store's complete episodes as an mmreplay zarr v3 dataset at ``out`` (a directory)."""
+                progress: ProgressArg = True, storage_options: dict[str, Any] | None = None) -> ExportResult:
+    """Write the store's complete episodes as an mmreplay zarr v3 dataset at ``out`` (a local directory, or an
+    fsspec URL such as ``s3://bucket/run1.zarr``: shards are streamed there as they are encoded)."""
     import zarr
 
     codec = _compressor(compression, level)
@@ -194,7 +225,8 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: str | os.PathL
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"{key}: expected a positive int, got {size!r}")
     t0 = time.perf_counter()
-    with open_reader(store) as s, atomic_output(out, overwrite, "export") as tmp:
+    final = Location.of(out, storage_options)
+    with open_reader(store) as s, _target(final, overwrite, progress) as (tmp, data):
         plan = plan_export(s)
         t, order = plan.table, plan.order
         sch = s.schema
@@ -214,7 +246,7 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: str | os.PathL
             a = group.create_array(name, shape=(rows, *shape), dtype=dt, chunks=(chunk, *shape),
                                    shards=(shard, *shape), compressors=codec, fill_value=0,
                                    dimension_names=(axis,) + (None,) * len(shape))
-            return _Column(a, os.path.join(tmp, *a.path.split("/")), chunk, shard, encode, writer)
+            return _Column(a, data.join(*a.path.split("/")), chunk, shard, encode, writer)
 
         ep = g.create_group("episodes")
         lengths = t.length[order].astype(np.int64)
@@ -254,22 +286,23 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: str | os.PathL
             warnings.simplefilter("ignore")  # "consolidated metadata is not part of the v3 spec": we know
             zarr.consolidate_metadata(tmp)
         codec_name = "none" if codec is None else str(compression).lower()
-    return plan.result(os.path.abspath(os.fspath(out)), "zarr", time.perf_counter() - t0,
-                       {"compression": codec_name})
+    return plan.result(final, "zarr", time.perf_counter() - t0, {"compression": codec_name})
 
 
 # -- reading ------------------------------------------------------------------------------------------
-def open_dataset(src: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> Any:
-    """Open an mmreplay zarr dataset (local path or any URL zarr accepts) and check its format attributes."""
+def open_dataset(src: Any, storage_options: dict[str, Any] | None = None) -> Any:
+    """Open an mmreplay zarr dataset (a local path or an fsspec URL) and check its format attributes."""
     import zarr
 
-    where = os.fspath(src)
-    if "://" not in where and not os.path.exists(where):
+    loc = Location.of(src, storage_options)
+    where = str(loc)
+    if not loc.exists():
         raise DatasetNotFoundError(f"zarr dataset: {where} does not exist")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            g = zarr.open_group(where, mode="r", storage_options=storage_options)
+            g = zarr.open_group(os.fspath(src) if loc.remote else loc.path, mode="r",
+                                storage_options=storage_options if loc.remote else None)
     except (FileNotFoundError, ValueError, KeyError, TypeError) as exc:
         raise DatasetError(f"{where}: not a zarr v3 group ({exc})") from None
     attrs = dict(g.attrs)
@@ -350,21 +383,22 @@ def _episode_blocks(g: Any, where: str, n_eps: int, n_frames: int, n_steps: int)
         yield ep
 
 
-def _prefetch(array: Any, block: int, root: str) -> Prefetch:
-    """Rows of ``array`` read ahead by a thread: shard files decoded directly when local and laid out as
-    ``export_zarr`` writes them (``_zarr_shards``), else through zarr."""
+def _prefetch(array: Any, block: int, root: Location) -> Prefetch:
+    """Rows of ``array`` read ahead by a thread: shards (files, or objects of a remote store) decoded
+    directly when laid out as ``export_zarr`` writes them (``_zarr_shards``), else through zarr."""
     def through_zarr(a: int, z: int) -> np.ndarray:
         return np.asarray(array[a:z])
 
-    fetch = shard_reader(array, root) if "://" not in root else None
+    fetch = shard_reader(array, root)
     return Prefetch(fetch or through_zarr, int(array.shape[0]), block)
 
 
-def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, stack: int | None = None,
+def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = None,
                 n_step: int | None = None, gamma: float | None = None, pad: str | None = None,
                 capacity: int | None = None, chunk_size: int | None = None, seed: int = 0,
                 progress: ProgressArg = True, storage_options: dict[str, Any] | None = None) -> ReplayStore:
-    where = os.fspath(src)
+    root = Location.of(src, storage_options)
+    where = str(root)
     g = open_dataset(src, storage_options)
     attrs = dict(g.attrs)
     layout = _check_layout(g, where)
@@ -383,8 +417,8 @@ def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
                          **sampling_params(attrs, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
         names = ["rewards", "terminations", "truncations"]
         steps_src = {"actions": acts, **{n: g[n] for n in names}, **{"x_" + n: a for n, a in x_arrays.items()}}
-        readers = {k: _prefetch(arr, 65536, where) for k, arr in steps_src.items()}
-        frames_src = _prefetch(obs, piece, where)
+        readers = {k: _prefetch(arr, 65536, root) for k, arr in steps_src.items()}
+        frames_src = _prefetch(obs, piece, root)
         episodes = ((ep, i) for ep in _episode_blocks(g, where, *layout) for i in range(ep["length"].size))
         try:
             with progress_bar(progress, int(obs.shape[0]), "import zarr") as bar:
@@ -407,9 +441,9 @@ def import_zarr(src: str | os.PathLike[str], path: str | os.PathLike[str], *, st
         return b.finish()
 
 
-def describe_zarr(src: str | os.PathLike[str]) -> list[str]:
-    where = os.fspath(src)
-    g = open_dataset(src)
+def describe_zarr(src: Any, storage_options: dict[str, Any] | None = None) -> list[str]:
+    where = str(Location.of(src, storage_options))
+    g = open_dataset(src, storage_options)
     attrs = dict(g.attrs)
     layout = _check_layout(g, where)
     stats = EpisodeStats()

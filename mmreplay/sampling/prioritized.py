@@ -185,6 +185,10 @@ class PrioritizedSampler:
     def total_mass(self) -> float:
         return float(self.tree.total)
 
+    def min_mass(self) -> float:
+        """The smallest positive mass (0.0 when nothing is sampleable)."""
+        return float(self.tree.min_positive) if self.index.n_valid else 0.0
+
     def positive_slots(self) -> int:
         """Slots carrying mass (equals the number of sampleable transitions when consistent)."""
         return int(self.tree.count_positive)

@@ -22,16 +22,21 @@ __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANI
 
 FORMAT_NAME = "mmreplay-store"
 # 1: the first version (frames raw in obs.npy chunk files). 2: any of compressed frame files (the schema
-# names a codec), a validity record (invalidate/clear), a rate limit. A store that uses none of them is
-# still written as version 1, so older mmreplay versions keep reading it.
-FORMAT_VERSION = 2  # the newest version this code reads (and writes, when a store needs it)
+# names a codec), a validity record (invalidate/clear), a rate limit. 3: env streams written apart (rows per
+# stream, extents). A store that uses none of them is still written as version 1, so older mmreplay
+# versions keep reading it.
+FORMAT_VERSION = 3  # the newest version this code reads (and writes, when a store needs it)
 MANIFEST = "manifest.json"
 
 
 def version_needed(body: dict[str, Any]) -> int:
-    """The oldest format version that reads ``body`` right: 2 when the schema names a compression codec
-    (version-1 readers cannot read compressed frame files), when it holds a validity record (they would
-    sample invalidated transitions) or a rate limit (their processes would not count)."""
+    """The oldest format version that reads ``body`` right: 3 when its env streams were written apart
+    (``rows`` is then one count per stream; older readers would misplace rows and ids); 2 when the schema
+    names a compression codec (version-1 readers cannot read compressed frame files), when it holds a
+    validity record (they would sample invalidated transitions) or a rate limit (their processes would
+    not count)."""
+    if isinstance(body.get("rows"), list):
+        return 3
     schema = body.get("schema")
     if body.get("validity") or (isinstance(schema, dict) and (schema.get("rate_limit") or schema.get("compression"))):
         return 2

@@ -36,6 +36,7 @@ from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
 REWARD_DTYPE = np.dtype("<f4")
+ID_DTYPE = np.dtype("<i8")
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,8 @@ def columns_for(schema: Schema) -> tuple[Column, ...]:
         Column("flags", (), FLAGS_DTYPE),
     ]
     cols += [Column("x_" + e.name, e.shape, e.dtype) for e in schema.extras]
+    if schema.id_column:
+        cols.append(Column("id", (), ID_DTYPE))
     return tuple(cols)
 
 

@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import CorruptStoreError
-from ..options import Schema, planned_positions, validate_ring
+from ..options import Schema, extent_rows, planned_positions, validate_ring
 
 __all__ = ["check_body", "check_files", "check_dirs", "check_chunk_name", "check_state_name", "check_rng",
            "load_priority_table", "CHUNK_NAME", "STATE_FILE"]
@@ -140,10 +140,19 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
         schema = Schema.from_json(raw_schema)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, IndexError) as exc:
         raise CorruptStoreError(f"{where}: unusable schema ({type(exc).__name__}: {exc}); {_FORGED}") from None
-    rows = f.int_("rows", doc.get("rows"))
+    rows = _check_rows(f, doc.get("rows"), schema.num_envs)
     next_id = f.int_("next_id", doc.get("next_id"))
     chunks = f.list_("chunks", doc.get("chunks"))
     oldest_id = _check_chunks(f, chunks, schema, rows, next_id)
+    if doc.get("streams") is not None:
+        streams = f.list_("streams", doc["streams"], schema.num_envs)
+        if len(streams) != schema.num_envs:
+            f.fail("streams", streams, f"{schema.num_envs} entries (one per env stream)")
+        for i, st in enumerate(streams):
+            st = f.list_(f"streams[{i}]", st, 3)
+            if len(st) != 3 or not isinstance(st[0], bool) or not isinstance(st[2], bool):
+                f.fail(f"streams[{i}]", st, "[ended (bool), episode position (int), head lost (bool)]")
+            f.int_(f"streams[{i}][1]", st[1], 0, MAX_ID)
     positions = planned_positions(schema)
     if doc.get("ring_positions") is not None:
         positions = max(positions, f.int_("ring_positions", doc["ring_positions"], 1))
@@ -181,10 +190,58 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
     return schema
 
 
-def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: int, next_id: int) -> int:
-    """The chunk table: names, types, consecutive seqs and ids. Returns the oldest retained id."""
+def _check_rows(f: _Fields, value: Any, n_env: int) -> list[int]:
+    """``rows``: one count per stream (format 1: one integer, every stream's count)."""
+    if isinstance(value, list):
+        if len(value) != n_env:
+            f.fail("rows", value, f"{n_env} row counts (one per env stream)")
+        return [f.int_(f"rows[{i}]", v) for i, v in enumerate(value)]
+    return [f.int_("rows", value)] * n_env
+
+
+def _check_layout(f: _Fields, c: dict[str, Any], i: int, schema: Schema) -> list[int] | None:
+    """A chunk's ``rows`` (one count per stream, together at most a chunk) and ``extents`` (each stream's
+    extents in row order: enough for its rows, every extent at most once). Returns the rows, if listed."""
+    n_env, rs = schema.num_envs, schema.rows_per_stream
+    if c.get("rows") is None:
+        if c.get("extents") is not None:
+            f.fail(f"chunks[{i}].extents", c["extents"], "absent when the chunk does not list its rows")
+        return None
+    fill = f.list_(f"chunks[{i}].rows", c["rows"], n_env)
+    if len(fill) != n_env:
+        f.fail(f"chunks[{i}].rows", fill, f"{n_env} row counts (one per env stream)")
+    fill = [f.int_(f"chunks[{i}].rows[{s}]", v, 0, schema.chunk_size) for s, v in enumerate(fill)]
+    if sum(fill) > schema.chunk_size:
+        f.fail(f"chunks[{i}].rows", fill, f"at most {schema.chunk_size:,} rows together (one chunk)")
+    e = extent_rows(rs)
+    extents = c.get("extents")
+    if extents is None:
+        if any(v > rs for v in fill):
+            f.fail(f"chunks[{i}].rows", fill, f"at most {rs:,} rows per stream (home sections: no extents listed)")
+        return fill
+    extents = f.list_(f"chunks[{i}].extents", extents, n_env)
+    if len(extents) != n_env:
+        f.fail(f"chunks[{i}].extents", extents, f"{n_env} lists (one per env stream)")
+    seen: set[int] = set()
+    for s, xs in enumerate(extents):
+        xs = f.list_(f"chunks[{i}].extents[{s}]", xs, schema.chunk_size // e)
+        for x in xs:
+            f.int_(f"chunks[{i}].extents[{s}]", x, 0, schema.chunk_size // e - 1)
+            if x in seen:
+                f.fail(f"chunks[{i}].extents", extents, "each extent listed once")
+            seen.add(x)
+        if len(xs) * e < fill[s]:
+            f.fail(f"chunks[{i}].extents[{s}]", xs, f"extents for its {fill[s]:,} rows ({e} rows each)")
+    return fill
+
+
+def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: list[int], next_id: int) -> int:
+    """The chunk table: names, types, consecutive seqs and ids, each chunk's layout. Returns the oldest
+    retained id."""
     expect_id: int | None = None
     prev_seq: int | None = None
+    held = [0] * schema.num_envs
+    listed = False
     for i, c in enumerate(chunks):
         c = f.dict_(f"chunks[{i}]", c, ("seq", "name", "first_id", "n_transitions", "sealed"))
         seq = f.int_(f"chunks[{i}].seq", c["seq"])
@@ -197,6 +254,10 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: int, next
         if crc is not None:
             for col, value in f.dict_(f"chunks[{i}].crc32", crc).items():
                 f.int_(f"chunks[{i}].crc32[{col!r}]", value, 0, 2**32 - 1)  # keys name files' parts, never paths
+        fill = _check_layout(f, c, i, schema)
+        if fill is not None:
+            listed = True
+            held = [a + b for a, b in zip(held, fill, strict=True)]
         frames = c.get("frames")
         if frames is not None:  # a compressed frame file; its codec names the file: never a free string
             frames = f.dict_(f"chunks[{i}].frames", frames, ("codec", "bytes", "crc32c"))
@@ -214,12 +275,15 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: int, next
         prev_seq, expect_id = seq, first + n
     if expect_id is not None and expect_id != next_id:
         f.fail("next_id", next_id, f"{expect_id} (where the last chunk's transitions end)")
-    if prev_seq is not None and rows > (prev_seq + 1) * schema.rows_per_stream:
+    if listed:
+        if any(h > r for h, r in zip(held, rows, strict=True)):
+            f.fail("rows", rows, f"at least the rows the chunks hold ({held})")
+    elif prev_seq is not None and max(rows) > (prev_seq + 1) * schema.rows_per_stream:
         f.fail("rows", rows, f"at most {(prev_seq + 1) * schema.rows_per_stream:,} (the end of the last chunk)")
     return int(chunks[0]["first_id"]) if chunks else next_id
 
 
-def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows: int) -> None:
+def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows: list[int]) -> None:
     if pending is None:
         return
     p = f.dict_("pending_draws", pending, ("ids", "weights", "rng_after"))
@@ -255,7 +319,13 @@ def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows:
         if len(heads) != len(batches):
             f.fail("pending_draws.sequences.heads", heads, f"{len(batches)} row counts (one per batch of ids)")
         for i, h in enumerate(heads):
-            f.int_(f"pending_draws.sequences.heads[{i}]", h, 1, rows)
+            if isinstance(h, list):  # rows written by each stream (format 1: one count, every stream's)
+                if len(h) != len(rows) or not any(h):
+                    f.fail(f"pending_draws.sequences.heads[{i}]", h, f"{len(rows)} row counts, not all 0")
+                for s, (v, r) in enumerate(zip(h, rows, strict=True)):
+                    f.int_(f"pending_draws.sequences.heads[{i}][{s}]", v, 0, r)
+            else:
+                f.int_(f"pending_draws.sequences.heads[{i}]", h, 1, min(rows))
 
 
 def _check_priorities(f: _Fields, entry: Any, oldest_id: int, next_id: int, slots: int) -> None:
@@ -275,12 +345,19 @@ def _check_priorities(f: _Fields, entry: Any, oldest_id: int, next_id: int, slot
     f.int_("priorities.skipped_updates", e["skipped_updates"])
 
 
-def _check_validity(f: _Fields, entry: Any, next_id: int, rows: int) -> None:
+def _check_validity(f: _Fields, entry: Any, next_id: int, rows: list[int]) -> None:
     if entry is None:
         return
     e = f.dict_("validity", entry, ("cleared_below", "cleared_row", "invalid_ids", "file"))
     f.int_("validity.cleared_below", e["cleared_below"], 0, next_id)
-    f.int_("validity.cleared_row", e["cleared_row"], 0, rows)
+    cleared = e["cleared_row"]
+    if isinstance(cleared, list):  # each stream's rows at the clear (one count when they were all equal)
+        if len(cleared) != len(rows):
+            f.fail("validity.cleared_row", cleared, f"{len(rows)} row counts (one per env stream)")
+        for s, (v, r) in enumerate(zip(cleared, rows, strict=True)):
+            f.int_(f"validity.cleared_row[{s}]", v, 0, r)
+    else:
+        f.int_("validity.cleared_row", cleared, 0, min(rows))
     f.int_("validity.invalid_ids", e["invalid_ids"], 0, next_id)
     if e["file"] is not None:
         check_state_name(e["file"], "validity.file", f.where, "invalid")
