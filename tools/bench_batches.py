@@ -1,12 +1,13 @@
 """Batches: ``batches(prefetch=2)`` against a ``sample()`` loop (warm and cold), rows/s by batch size,
-the native kernels against their numpy paths, and numba's import, compile and cache costs.
+the native kernels against their numpy references, and numba's import, compile and cache costs.
 
 Reference workload (DESIGN.md §5): 84x84 uint8 frames, stack 4, n-step 3, episodes of 100..3000
 steps, filled to 1.1x capacity. Rates are measured in short alternating windows in one process
 (this machine's 2 cores are shared with other work), medians over rounds, and each ratio is the
-median of the per-round ratios. "kernels" rows route the store through ``tools/_wired.py``, a
-benchmark-only prototype of the proposed wiring of ``mmreplay.native`` (the store's own path is the
-numpy one until the wiring lands; its batches are checked equal before measuring).
+median of the per-round ratios. The store keeps its frames raw (``compression=None``; these generated
+frames would not compress, and compressed stores have tools/bench_compression.py). The kernel table
+calls each kernel the store uses and the numpy reference the tests compare it with, on the store's own
+index and frames (after checking that the plans agree on the batches timed).
 Writes the ``batches`` and ``native`` sections of BENCHMARKS.md.
 
     python tools/bench_batches.py                         # capacity 100,000: ~6 min
@@ -32,19 +33,20 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _wired  # noqa: E402
 from _report import table, write_section  # noqa: E402
 from bench_cold import drop_cache  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
+from mmreplay.batch import nstep_returns_numpy  # noqa: E402
 from mmreplay.bench import fill, frame_pool, warm  # noqa: E402
-from mmreplay.native import gather, plan, priorities  # noqa: E402
+from mmreplay.native import gather, plan  # noqa: E402
 from mmreplay.native.reference import priority_update_numpy  # noqa: E402
 from mmreplay.sampling.numpy_sumtree import NumpySumTree  # noqa: E402
 from mmreplay.sampling.sumtree import SumTree  # noqa: E402
 
 LEARNER_STEP = 0.002  # seconds: a learner's step between batches, spent off the CPU (waiting for a GPU)
-FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
+PLAN_FIELDS = ("slots", "obs_slots", "obs_pad", "next_slots", "next_pad", "reward_slots", "reward_weights", "window",
+               "terminated", "truncated", "next_missing")
 
 
 def log(msg: str) -> None:
@@ -80,80 +82,69 @@ def per_call_us(fn: Callable[[], Any], number: int = 2000, repeat: int = 5) -> f
     return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
 
 
-def check_same(a: mr.ReplayStore, b: mr.ReplayStore, batch: int, n: int = 5) -> None:
-    for _ in range(n):
-        x, y = a.sample(batch), b.sample(batch)
-        for f in FIELDS:
-            if not np.array_equal(getattr(x, f), getattr(y, f)):
-                raise AssertionError(f"the kernel path's {f} differs from the numpy path's")
-
-
 # ---- warm: sample() loop vs batches(prefetch=2), by batch size ---------------------------------------
 
-def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict[str, dict[Any, dict[str, float]]]:
-    out: dict[str, dict[Any, dict[str, float]]] = {}
-    for label in ("numpy path", "kernels"):
-        if label == "kernels":  # the prototype wiring hands out the numpy path's batches
-            ref, wired = (mr.ReplayStore.open(path, mode="r", seed=7) for _ in range(2))
-            _wired.wire(wired)
-            check_same(ref, wired, 32)
-            ref.close()
-            wired.close()
-        stores = [mr.ReplayStore.open(path, mode="r", seed=7) for _ in range(2)]
-        for s in stores:
-            warm(s)
-            if label == "kernels":
-                _wired.wire(s)
-        s_sample, s_iter = stores
-        out[label] = {}
-        # the sizes alternate inside each round, so their rows/s come from the same minutes
-        iters = {b: s_iter.batches(b, prefetch=2) for b in sizes}
-        acc: dict[int, list[tuple[float, float, float, float]]] = {b: [] for b in sizes}
-        for _ in range(rounds):
-            for b in sizes:
-                x, cx = rate_cpu(lambda b=b, s=s_sample: s.sample(b), seconds)  # type: ignore[misc]
-                y, cy = rate_cpu(lambda it=iters[b]: next(it), seconds)  # type: ignore[misc]
-                acc[b].append((x, y, cx, cy))
+def warm_rates(path: str, sizes: list[int], rounds: int, seconds: float) -> dict[Any, dict[str, float]]:
+    # two stores on the same files, so neither window warms the other's output buffers
+    stores = [mr.ReplayStore.open(path, mode="r", seed=7) for _ in range(2)]
+    for s in stores:
+        warm(s)
+    s_sample, s_iter = stores
+    out: dict[Any, dict[str, float]] = {}
+    # the sizes alternate inside each round, so their rows/s come from the same minutes
+    iters = {b: s_iter.batches(b, prefetch=2) for b in sizes}
+    acc: dict[int, list[tuple[float, float, float, float]]] = {b: [] for b in sizes}
+    for _ in range(rounds):
         for b in sizes:
-            iters[b].close()
-            r = acc[b]
-            out[label][b] = {"sample": statistics.median(v[0] for v in r),
-                             "batches": statistics.median(v[1] for v in r),
-                             "ratio": statistics.median(v[1] / v[0] for v in r),
-                             "cpu_sample": statistics.median(v[2] for v in r),
-                             "cpu_batches": statistics.median(v[3] for v in r),
-                             # rows/s against batch 32's in the same round
-                             "scale": statistics.median(v[0] * b / (w[0] * 32) for v, w in zip(r, acc[32], strict=True))}
-            log(f"  warm {label} B={b}: sample {out[label][b]['sample']:,.0f}/s, batches(2) "
-                f"{out[label][b]['batches']:,.0f}/s, ratio {out[label][b]['ratio']:.2f}")
-        # a learner: each batch followed by a step that leaves the CPU (a GPU's, say)
-        it = s_iter.batches(32, prefetch=2)
-        r_s, r_b = [], []
-        for _ in range(max(3, rounds // 2)):
-            r_s.append(rate(lambda s=s_sample: (s.sample(32), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
-            r_b.append(rate(lambda it=it: (next(it), time.sleep(LEARNER_STEP)), seconds))  # type: ignore[misc]
-        it.close()
-        out[label]["learner"] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
-                                 "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)])}
-        for s in stores:
-            s.close()
+            x, cx = rate_cpu(lambda b=b, s=s_sample: s.sample(b), seconds)  # type: ignore[misc]
+            y, cy = rate_cpu(lambda it=iters[b]: next(it), seconds)  # type: ignore[misc]
+            acc[b].append((x, y, cx, cy))
+    for b in sizes:
+        iters[b].close()
+        r = acc[b]
+        out[b] = {"sample": statistics.median(v[0] for v in r),
+                  "batches": statistics.median(v[1] for v in r),
+                  "ratio": statistics.median(v[1] / v[0] for v in r),
+                  "cpu_sample": statistics.median(v[2] for v in r),
+                  "cpu_batches": statistics.median(v[3] for v in r),
+                  # rows/s against batch 32's in the same round
+                  "scale": statistics.median(v[0] * b / (w[0] * 32) for v, w in zip(r, acc[32], strict=True))}
+        log(f"  warm B={b}: sample {out[b]['sample']:,.0f}/s, batches(2) {out[b]['batches']:,.0f}/s, "
+            f"ratio {out[b]['ratio']:.2f}")
+    # a learner: each batch followed by a step that leaves the CPU (a GPU's, say)
+    it = s_iter.batches(32, prefetch=2)
+    r_s, r_b = [], []
+
+    def learn_sample() -> None:
+        s_sample.sample(32)
+        time.sleep(LEARNER_STEP)
+
+    def learn_batches() -> None:
+        next(it)
+        time.sleep(LEARNER_STEP)
+
+    for _ in range(max(3, rounds // 2)):
+        r_s.append(rate(learn_sample, seconds))
+        r_b.append(rate(learn_batches, seconds))
+    it.close()
+    out["learner"] = {"sample": statistics.median(r_s), "batches": statistics.median(r_b),
+                      "ratio": statistics.median([y / x for x, y in zip(r_s, r_b, strict=True)])}
+    for s in stores:
+        s.close()
     return out
 
 
 # ---- cold: the same batches from a dropped page cache ------------------------------------------------
 
 def cold_rates(path: str, n_batches: int, rounds: int) -> dict[str, Any]:
-    res: dict[str, list[float]] = {"sample": [], "batches": [], "k_sample": [], "k_batches": []}
+    res: dict[str, list[float]] = {"sample": [], "batches": []}
     resident = []
     for r in range(rounds):
-        order = list(res) if r % 2 == 0 else list(reversed(res))
-        for mode in order:
+        for mode in ("sample", "batches") if r % 2 == 0 else ("batches", "sample"):
             resident.append(drop_cache(path))
-            s = mr.ReplayStore.open(path, mode="r", seed=100 + r)  # the same batches for every mode
-            if mode.startswith("k_"):
-                _wired.wire(s)
+            s = mr.ReplayStore.open(path, mode="r", seed=100 + r)  # the same batches for both ways
             t0 = time.perf_counter()
-            if mode.endswith("batches"):
+            if mode == "batches":
                 it = s.batches(32, prefetch=2)
                 for _ in range(n_batches):
                     next(it)
@@ -166,11 +157,10 @@ def cold_rates(path: str, n_batches: int, rounds: int) -> dict[str, Any]:
         log(f"  cold round {r}: " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in res.items()))
     return {"rates": {k: statistics.median(v) for k, v in res.items()},
             "ratio": statistics.median([b / a for a, b in zip(res["sample"], res["batches"], strict=True)]),
-            "k_ratio": statistics.median([b / a for a, b in zip(res["k_sample"], res["k_batches"], strict=True)]),
             "resident": max(resident)}
 
 
-# ---- the kernels against their numpy paths, per batch ----------------------------------------------
+# ---- each kernel against its numpy reference, per call -----------------------------------------------
 
 def kernel_table(path: str, capacity: int) -> list[list[str]]:
     rows: list[list[str]] = []
@@ -189,14 +179,21 @@ def kernel_table(path: str, capacity: int) -> list[list[str]]:
 
 def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[list[str]]:
     rows = []
-    log_ = s._log  # benchmark-only: the index arrays the kernels read
+    log_ = s._parts.log  # benchmark-only: the index and ring arrays the kernels read
     idx = log_.index
-    w = _wired.Wiring(s)
-    valid = np.flatnonzero(idx.valid)
-    slot_sets = [rng.choice(valid, b) for _ in range(64)]
-    ids_sets = [idx.slot_id[x] for x in slot_sets]
-    plans = [idx.plan(x, log_.seq_of_pos) for x in slot_sets]
-    kplans = [w.plan(i) for i in ids_sets]
+    geo = idx.geo
+    if not (geo.lockstep and geo.num_envs == 1):
+        raise RuntimeError("the benchmark store should be planned by the kernel (one stream, lockstep layout)")
+    valid = idx.valid_ids()
+    ids_sets = [valid[rng.integers(0, valid.size, b)] for _ in range(64)]
+    slot_sets = [idx.slots_of(x) for x in ids_sets]
+    plans = [idx.plan(x) for x in slot_sets]
+    both_stacks = [(p.stacks, p.pad) for p in plans]  # (2, B, k): what a copy kernel takes in one piece
+    for x, p in zip(slot_sets[:8], plans[:8], strict=False):  # like for like: the kernel's plan is the oracle's
+        q = idx.plan_numpy(x)
+        for f in PLAN_FIELDS:
+            if not np.array_equal(getattr(p, f), getattr(q, f)):
+                raise AssertionError(f"Index.plan's {f} differs from Index.plan_numpy's")
     k = [0]
 
     def nxt() -> int:
@@ -208,18 +205,20 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
         t_np, t_k = per_call_us(np_fn, number), per_call_us(k_fn, number)
         return [work, np_name, f"{t_np:,.1f}", k_name, f"{t_k:,.1f}", f"{t_np / t_k:.1f}x"]
 
-    rows.append(row(f"batch plan (ids -> slots of stacks, windows, pads), B={b}",
-                    "`Index.plan`", lambda: idx.plan(slot_sets[nxt()], log_.seq_of_pos),
-                    "`plan_batch`", lambda: w.plan(ids_sets[nxt()]), 500))
-    frames = s._arrays["obs"]
+    rows.append(row(f"batch plan (slots -> slots of stacks, windows, pads), B={b}",
+                    "`Index.plan_numpy`", lambda: idx.plan_numpy(slot_sets[nxt()]),
+                    "`Index.plan` (`plan_batch`)", lambda: idx.plan(slot_sets[nxt()]), 500))
+    arrays = log_.ring.arrays
+    frames = arrays["obs"]
     flat = frames.reshape(frames.shape[0], -1)
-    both = np.empty((2, b, idx.k) + frames.shape[1:], frames.dtype)
-    out = both.reshape(2, b, idx.k, -1)
+    both = np.empty((2, b, idx.stack) + frames.shape[1:], frames.dtype)
+    out = both.reshape(2, b, idx.stack, -1)
 
     def take_numpy() -> None:
-        p = plans[nxt()]
-        np.take(frames, np.concatenate((p.obs_slots.reshape(-1), p.next_slots.reshape(-1))), axis=0,
-                out=both.reshape((-1,) + frames.shape[1:]), mode="clip")
+        i = nxt()
+        p, st = plans[i], both_stacks[i][0]
+        assert st is not None
+        np.take(frames, st.reshape(-1), axis=0, out=both.reshape((-1,) + frames.shape[1:]), mode="clip")
         if p.obs_pad.any():
             both[0][p.obs_pad] = 0
         if p.next_pad.any():
@@ -228,38 +227,36 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
             both[1][p.next_missing] = 0
 
     def take_kernel() -> None:
-        q = kplans[nxt()]
-        gather.gather_stacks(flat, q[1], q[2], q[6][2], out, 0, b)
+        i = nxt()
+        st, pad = both_stacks[i]
+        assert st is not None and pad is not None
+        gather.gather_stacks(flat, st, pad, plans[i].next_missing, out, 0, b)
 
-    rows.append(row(f"stack copy + padding, one thread, B={b} ({2 * b * idx.k} frames)",
+    rows.append(row(f"stack copy + padding, one thread, B={b} ({2 * b * idx.stack} frames; not wired)",
                     "`np.take` + masks", take_numpy, "`gather_stacks`", take_kernel, 200))
-    reward = s._arrays["reward"]
-
-    def returns_numpy() -> None:
-        p = plans[nxt()]
-        np.add.accumulate(reward[p.reward_slots] * p.reward_weights, axis=1)[:, -1].astype(np.float32)
-        d = s._discounts[p.m]
-        d[p.terminated] = 0
+    reward = arrays["reward"]
+    discounts = s._discounts
 
     def returns_kernel() -> None:
-        q = kplans[nxt()]
-        plan.nstep_returns(reward, q[3], q[4], s._discounts, q[5], q[6][0])
+        p = plans[nxt()]
+        plan.nstep_returns(reward, p.reward_slots, p.reward_weights, discounts, p.window, p.terminated)
 
-    rows.append(row(f"n-step returns and discounts, B={b}", "numpy (assemble)", returns_numpy,
+    rows.append(row(f"n-step returns and discounts, B={b}", "`nstep_returns_numpy`",
+                    lambda: nstep_returns_numpy(reward, plans[nxt()], discounts),
                     "`nstep_returns`", returns_kernel, 1000))
     # update_priorities' checks and duplicate resolution (ids: a batch plus 4 repeats)
     upd = [(np.concatenate([i, i[:4]]), rng.random(b + 4)) for i in ids_sets]
 
     def upd_numpy() -> None:
         ids, p = upd[nxt()]
-        priority_update_numpy(ids, p, log_.oldest_id, log_.next_id, idx.id2slot, idx.valid)
+        priority_update_numpy(ids, p, idx.oldest_id, idx.next_id, idx.id2slot, idx.valid)
 
     def upd_kernel() -> None:
         ids, p = upd[nxt()]
-        priorities.priority_update(ids, p, log_.oldest_id, log_.next_id, idx.id2slot, idx.valid)
+        idx.priority_targets(ids, p)
 
-    rows.append(row(f"priority update: check, ids -> slots, last wins, B={b}", "numpy reference", upd_numpy,
-                    "`priority_update`", upd_kernel, 1000))
+    rows.append(row(f"priority update: check, ids -> slots, last wins, B={b}", "`priority_update_numpy`",
+                    upd_numpy, "`Index.priority_targets` (`priority_update`)", upd_kernel, 1000))
     return rows
 
 
@@ -273,8 +270,8 @@ def _tree_row(leaves: int, b: int, rng: np.random.Generator) -> list[str]:
         values = rng.random(b)
 
         def draw_and_update(tree: Any = tree, g: Any = g, idx: Any = idx, values: Any = values) -> None:
-            sl = tree.sample_stratified(g, b)
-            np.power(tree.get(sl) / tree.min_positive, -0.4)
+            sl = tree.stratified_sample(g, b)
+            np.power(tree.get(sl) / tree.min, -0.4)
             tree.set_distinct(idx, values)
 
         t[name] = per_call_us(draw_and_update, 500)
@@ -282,58 +279,10 @@ def _tree_row(leaves: int, b: int, rng: np.random.Generator) -> list[str]:
             f"{t['numpy']:,.1f}", "`SumTree`", f"{t['native']:,.1f}", f"{t['numpy'] / t['native']:.1f}x"]
 
 
-def whole_batch(path: str, capacity: int, rounds: int, seconds: float, prioritized_path: str) -> list[list[str]]:
-    rows = []
-    a = mr.ReplayStore.open(path, mode="r", seed=5)
-    b = mr.ReplayStore.open(path, mode="r", seed=5)
-    warm(a)
-    warm(b)
-    _wired.wire(b)
-    check_same(a, b, 32)
-    for size in (32, 512):
-        ra, rb = [], []
-        for _ in range(rounds):
-            ra.append(rate_cpu(lambda size=size: a.sample(size), seconds))
-            rb.append(rate_cpu(lambda size=size: b.sample(size), seconds))
-        rows.append(_whole_row(f"`sample({size})`, uniform", ra, rb))
-    a.close()
-    b.close()
-    stores = [mr.ReplayStore.open(os.path.join(prioritized_path, n), seed=5) for n in ("a", "b")]
-    for s in stores:
-        warm(s)
-    _wired.wire(stores[1])
-    ps = np.random.default_rng(0).random((64, 32)) + 0.01
-    for s in stores:  # the same draws, updates and skips on both
-        for i in range(5):
-            x = s.sample(32)
-            s.update_priorities(x.index, ps[i])
-    ra, rb = [], []
-    for _ in range(rounds):
-        for store, acc in ((stores[0], ra), (stores[1], rb)):
-            n = [0]
-
-            def step(store: Any = store, n: list[int] = n) -> None:
-                x = store.sample(32)
-                n[0] += 1
-                store.update_priorities(x.index, ps[n[0] % 64])
-
-            acc.append(rate_cpu(step, seconds))
-    rows.append(_whole_row("`sample(32)` + `update_priorities(32)`, prioritized", ra, rb))
-    for s in stores:
-        s.close()
-    return rows
-
-
-def _whole_row(label: str, ra: list[tuple[float, float]], rb: list[tuple[float, float]]) -> list[str]:
-    """wall us per call and CPU us per call of both paths, and the median per-window rate ratio."""
-    wa, wb = (statistics.median(1e6 / r for r, _ in x) for x in (ra, rb))
-    ca, cb = (statistics.median(c for _, c in x) for x in (ra, rb))
-    ratio = statistics.median([y[0] / x[0] for x, y in zip(ra, rb, strict=True)])
-    return [label, f"{wa:,.0f}", f"{ca:,.0f}", f"{wb:,.0f}", f"{cb:,.0f}", f"{ratio:.2f}", f"{ca / cb:.2f}"]
-
-
 # ---- numba: import, first compile, cache -------------------------------------------------------------
 
+# The kernels of the batch path (and gather_stacks, measured above), called with the argument types the
+# store passes them.
 NUMBA_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
@@ -353,15 +302,14 @@ sumtree.tree_find(ist, fst, u, o); sumtree.tree_stratified(ist, fst, u, o); sumt
 priorities.priority_update(idx, v, 0, 10, np.arange(10), np.ones(10, np.bool_))
 cfg = plan.config(1, 64, 64, 4, 4, 3, False, False, 0, 200)
 flags = np.zeros(256, np.uint8); epos = np.full(256, 10, np.int32); seq = np.arange(4)
-w = np.zeros((4, 3))
-st, pad, rs, rw, m, ends = plan.plan_batch(np.array([20, 30]), flags, epos, seq, cfg, w)
+st, pad, rs, rw, m, ends = plan.plan_batch(np.array([20, 30]), flags, epos, seq, cfg, np.ones(3))
 plan.nstep_returns(np.zeros(256, np.float32), rs, rw, np.ones(4, np.float32), m, ends[0])
 gather.gather_stacks(np.zeros((256, 7056), np.uint8), st, pad, ends[2], np.empty((2, 2, 4, 7056), np.uint8), 0, 2)
 t3 = time.perf_counter()
 hits = sum(sum(k.stats.cache_hits.values()) for k in kernels)
 misses = sum(sum(k.stats.cache_misses.values()) for k in kernels)
 print(json.dumps({"numba_import_s": t1 - t0, "kernels_import_s": t2 - t1, "first_calls_s": t3 - t2,
-                  "cache_hits": hits, "cache_misses": misses, "numba": numba.__version__}))
+                  "cache_hits": hits, "cache_misses": misses, "kernels": len(kernels), "numba": numba.__version__}))
 """
 
 IMPORT_CHILD = r"""
@@ -393,9 +341,9 @@ def numba_costs(scratch: str, rounds: int) -> dict[str, Any]:
 
 # ---- report --------------------------------------------------------------------------------------------
 
-def build_store(path: str, capacity: int, prioritized: bool = False) -> None:
+def build_store(path: str, capacity: int) -> None:
     s = mr.ReplayStore.create(path, capacity=capacity, obs_shape=(84, 84), stack=4, n_step=3, seed=0,
-                              prioritized=mr.Prioritized(alpha=0.6, beta=0.4) if prioritized else None)
+                              compression=None)
     fill(s, capacity + capacity // 10, frame_pool())
     s.close()
 
@@ -414,17 +362,12 @@ def main() -> None:
     scratch = tempfile.mkdtemp(prefix="mmreplay-batches-", dir=args.dir)
     try:
         path = os.path.join(scratch, "store")
-        log(f"filling {args.capacity:,} (uniform, and two prioritized)")
+        log(f"filling {args.capacity:,}")
         build_store(path, args.capacity)
-        prio_dir = os.path.join(scratch, "prio")
-        for name in ("a", "b"):
-            build_store(os.path.join(prio_dir, name), args.capacity, prioritized=True)
         log("numba costs")
         nb = numba_costs(scratch, 3)
         log("kernels")
         kern = kernel_table(path, args.capacity)
-        log("whole batches")
-        whole = whole_batch(path, args.capacity, args.rounds, args.seconds, prio_dir)
         log("warm")
         warm_r = warm_rates(path, [32, 256, 512], args.rounds, args.seconds)
         log("cold")
@@ -434,7 +377,7 @@ def main() -> None:
         shutil.rmtree(scratch, ignore_errors=True)
     minutes = (time.time() - t_start) / 60
     batches_body = report_batches(args, warm_r, cold, loads, minutes)
-    native_body = report_native(args, kern, whole, nb)
+    native_body = report_native(args, kern, nb)
     if not args.no_write:
         write_section("batches", batches_body)
         write_section("native", native_body)
@@ -443,50 +386,43 @@ def main() -> None:
 
 def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: list[float], minutes: float) -> str:
     rows = []
-    learner = []
-    for label, by_size in warm_r.items():
-        for b, r in by_size.items():
-            if b == "learner":
-                learner.append(f"{label}: sample() {r['sample']:,.0f}/s, batches(2) {r['batches']:,.0f}/s, "
-                               f"**{r['ratio']:.2f}**")
-                continue
-            rows.append([label, f"{b}", f"{r['sample']:,.0f}", f"{r['sample'] * b:,.0f}", f"{r['cpu_sample']:,.0f}",
+    for b, r in warm_r.items():
+        if b != "learner":
+            rows.append([f"{b}", f"{r['sample']:,.0f}", f"{r['sample'] * b:,.0f}", f"{r['cpu_sample']:,.0f}",
                          f"{r['batches']:,.0f}", f"{r['batches'] * b:,.0f}", f"{r['cpu_batches']:,.0f}",
                          f"**{r['ratio']:.2f}**"])
+    learner = warm_r["learner"]
     c = cold["rates"]
-    cold_rows = [["numpy path", f"{c['sample']:,.1f}", f"{c['batches']:,.1f}", f"**{cold['ratio']:.2f}**"],
-                 ["kernels", f"{c['k_sample']:,.1f}", f"{c['k_batches']:,.1f}", f"**{cold['k_ratio']:.2f}**"]]
-    scale = {label: {b: r["scale"] for b, r in by_size.items() if b != "learner"}
-             for label, by_size in warm_r.items()}
     return "\n".join([
         "## Batches: `batches(prefetch=2)` against a `sample()` loop; rows/s by batch size",
         "",
         f"Store of {args.capacity:,} transitions of the reference workload (84x84 uint8, stack 4, n-step 3),",
-        "filled to 1.1x. Warm: every page touched first; each rate is the median of "
-        f"{args.rounds} windows of {args.seconds} s",
+        "filled to 1.1x, frames kept raw (`compression=None`: these generated frames would not compress;",
+        "compressed stores: the compression section). Warm: every page touched first; each rate is the median"
+        f" of {args.rounds} windows of {args.seconds} s",
         "alternating between a `sample(B)` loop and `next()` on `batches(B, prefetch=2)` (two stores opened on",
         "the same files, so neither window warms the other's output buffers); the ratio is the median of",
         "the per-window ratios (> 1: the iterator is faster). CPU us/batch: the process's CPU time (all",
-        "threads) per batch, the work it costs whatever else the machine runs. \"kernels\": the store routed",
-        "through `tools/_wired.py`, the prototype of the proposed wiring of `mmreplay.native` (same batches).",
+        "threads) per batch, the work it costs whatever else the machine runs.",
         "",
-        table(["path", "B", "sample() batches/s", "rows/s", "CPU us/batch", "batches(2) batches/s", "rows/s",
+        table(["B", "sample() batches/s", "rows/s", "CPU us/batch", "batches(2) batches/s", "rows/s",
                "CPU us/batch", "batches(2) ÷ sample()"], rows),
         "",
         f"A learner loop (batch 32, then a {LEARNER_STEP * 1e3:g} ms step off the CPU, as a learner waiting for"
-        " its GPU), batches per second: " + "; ".join(learner) + ".",
+        f" its GPU), batches per second: sample() {learner['sample']:,.0f}/s, batches(2)"
+        f" {learner['batches']:,.0f}/s, **{learner['ratio']:.2f}**.",
         "",
         "Rows/s relative to batch 32 (sample() loop, sizes alternating within each round; median of the"
-        " per-round ratios): " + "; ".join(
-            f"{label}: " + ", ".join(f"B={b} {v:.2f}x" for b, v in s.items() if b != 32) for label, s in scale.items())
-        + ".",
+        " per-round ratios): " + ", ".join(f"B={b} {r['scale']:.2f}x" for b, r in warm_r.items()
+                                          if b not in (32, "learner")) + ".",
         "",
         f"Cold: {args.cold_batches} batches of 32 from a freshly opened reader after every chunk file's pages were",
         "dropped (POSIX_FADV_DONTNEED, all mappings closed; fincore residency before each run: max "
         f"{cold['resident'] * 100:.2f}%), the same",
         f"batches (same seed) for both ways, median of {max(3, args.rounds // 2)} rounds in alternating order.",
         "",
-        table(["path", "sample() batches/s", "batches(2) batches/s", "batches(2) ÷ sample()"], cold_rows),
+        table(["sample() batches/s", "batches(2) batches/s", "batches(2) ÷ sample()"],
+              [[f"{c['sample']:,.1f}", f"{c['batches']:,.1f}", f"**{cold['ratio']:.2f}**"]]),
         "",
         "Targets: `batches(prefetch=2)` ÷ `sample()` >= 1.0 warm and > 1 cold; rows/s at B=256 and 512 >= B=32's.",
         "",
@@ -495,7 +431,7 @@ def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: li
     ])
 
 
-def report_native(args: argparse.Namespace, kern: list[list[str]], whole: list[list[str]], nb: dict) -> str:
+def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> str:
     first, again, imports = nb["first"], nb["again"], nb["imports"]
 
     def med(key: str, items: list[dict]) -> float:
@@ -503,26 +439,23 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], whole: list[l
 
     misses_again = sum(x["cache_misses"] for x in again)
     return "\n".join([
-        "## Native kernels (numba) against their numpy paths",
+        "## Native kernels (numba) against their numpy references",
         "",
-        f"Per call, microseconds, best of 5 repeats over 64 rotating random batches of a {args.capacity:,}"
-        " store (warm);",
-        "each kernel's results are those of its numpy path, bit for bit (tests/test_native_*.py).",
+        "The store runs these kernels (the batch plan while its streams are in lockstep, the n-step returns,",
+        "the priority update, the sum tree); the numpy references are the tests' oracles, which give the same",
+        "arrays bit for bit (tests/test_native_*.py). `gather_stacks` is not wired: the store copies stacks with",
+        "`np.take` split between its reader's threads (compressed chunks: its LZ4 kernel decodes into the",
+        "batch); its row compares one thread of each, the copy the kernel would have to beat.",
+        f"Per call, microseconds, best of 5 repeats over 64 rotating random batches of the {args.capacity:,}"
+        " store above (warm).",
         "",
-        table(["work", "numpy path", "us", "kernel", "us", "speed-up"], kern),
-        "",
-        "Whole batches, microseconds per batch, wall and CPU (all threads of the process; CPU time measures",
-        "the work whatever else runs on the machine) (warm, medians of alternating windows; \"kernels\"",
-        "through `tools/_wired.py`, the prototype wiring: plan, stack copy split with the store's reader thread,",
-        "returns, priority update; the sum tree is native in both columns since `mr.SumTree` is):",
-        "",
-        table(["call", "numpy path us", "CPU us", "kernels us", "CPU us", "rate: kernels ÷ numpy",
-               "CPU: numpy ÷ kernels"], whole),
+        table(["work", "numpy reference", "us", "kernel", "us", "speed-up"], kern),
         "",
         f"numba {first['numba']}: `import numba` {med('numba_import_s', again) * 1e3:.0f} ms; `import mmreplay`"
-        f" {med('mmreplay_s', imports) * 1e3:.0f} ms in all (numba included: the sum tree imports its kernels);",
-        f"first calls of all {11} kernels in a process with an empty cache (compilation):"
-        f" {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
+        f" {med('mmreplay_s', imports) * 1e3:.0f} ms in all (numba included: the index and the sum tree import"
+        " their kernels);",
+        f"first calls of the {first['kernels']} kernels of the table (the sum tree's {first['kernels'] - 4}, the plan,"
+        f" the returns, the priority update, the gather) in a process with an empty cache (compilation): {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
         f"the same in a new process with the cache (`cache=True`, in `mmreplay/native/__pycache__` or"
         f" `NUMBA_CACHE_DIR`): {med('first_calls_s', again) * 1e3:.0f} ms,"
         f" {again[0]['cache_hits']} signatures loaded from the cache and {misses_again} compiled again in"

@@ -266,7 +266,7 @@ def run_capacity(cap: int, pythons: dict[str, str], scratch: str, workload: str,
     mm: dict[bool, Child] = {}
     try:
         for prio in (False, True):
-            u = Unit("mmreplay", mm_variant(args), prio, cap)
+            u = Unit("mmreplay", "", prio, cap)
             why, _ = fits(u, scratch, 0)
             if why:
                 raise RuntimeError(f"mmreplay at capacity {cap:,} {why}")
@@ -328,11 +328,6 @@ def run_unit(u: Unit, python: str, mm: Child, run_dir: str, workload: str, args:
         shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
 
 
-def mm_variant(args: argparse.Namespace) -> str:
-    """mmreplay's variant: its own batch path, or the native kernels through tools/_wired.py."""
-    return "kernels" if args.mmreplay_kernels else ""
-
-
 def malloc_check(cap: int, pythons: dict[str, str], scratch: str, workload: str,
                  args: argparse.Namespace) -> list[dict[str, Any]]:
     """Each buffer (uniform) sampled in a process left in a fresh process's allocator state and in one put
@@ -342,7 +337,7 @@ def malloc_check(cap: int, pythons: dict[str, str], scratch: str, workload: str,
     os.makedirs(run_dir)
     out = []
     try:
-        for peer, variant in [("mmreplay", mm_variant(args))] + [(p, v) for p in args.peers if p in pythons
+        for peer, variant in [("mmreplay", "")] + [(p, v) for p in args.peers if p in pythons
                                                                   for v in VARIANTS[p]]:
             python = sys.executable if peer == "mmreplay" else pythons[peer]
             units = {m: Unit(peer, variant, False, cap) for m in ("fresh", "learner")}
@@ -419,9 +414,6 @@ def main() -> None:
     ap.add_argument("--malloc", choices=["learner", "fresh"], default="learner",
                     help="allocator state of every buffer process: a long-running learner's (default: one 16 MB "
                          "block allocated and freed at start-up) or a fresh process's")
-    ap.add_argument("--mmreplay-kernels", action="store_true",
-                    help="mmreplay's batches through the native kernels (tools/_wired.py, the prototype of their "
-                         "wiring into the store) instead of its numpy path")
     ap.add_argument("--malloc-check", type=int, default=20_000, metavar="CAPACITY",
                     help="first measure each buffer in both allocator states at this capacity (0: skip)")
     args = ap.parse_args()

@@ -1,14 +1,9 @@
-"""mmreplay through its public API: create, reset/step, sample, update_priorities, commit, save/load.
-
-Variant ``kernels``: the store's sample() and update_priorities() go through the native kernels, wired
-by tools/_wired.py (the benchmark-only prototype of that wiring), instead of its numpy path.
-"""
+"""mmreplay through its public API: create, reset/step, sample, update_priorities, commit, save/load."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from importlib import metadata
 from typing import Any
@@ -30,17 +25,8 @@ class Peer:
         prio = mr.Prioritized(alpha=ALPHA, beta=BETA) if cfg["prioritized"] else None
         self.store = mr.ReplayStore.create(self.path, capacity=cfg["capacity"], obs_shape=OBS, obs_dtype="uint8",
                                            stack=STACK, n_step=N_STEP, gamma=GAMMA, prioritized=prio, seed=0)
-        self.kernels = cfg.get("variant") == "kernels"
-        self._wire()
         self.api = "save/load" if hasattr(mr.ReplayStore, "save") and hasattr(mr.ReplayStore, "load") \
             else "commit/open"
-
-    def _wire(self) -> None:
-        if self.kernels:
-            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tools/
-            import _wired
-
-            _wired.wire(self.store)
 
     def versions(self) -> dict[str, str]:
         here = os.path.dirname(os.path.abspath(mr.__file__))
@@ -50,7 +36,7 @@ class Peer:
         except (OSError, subprocess.SubprocessError):
             rev = ""
         return {"mmreplay": metadata.version("mmreplay") + (f" ({rev})" if rev else ""), "numpy": np.__version__,
-                "checkpoint_api": self.api, "batch path": "native kernels" if self.kernels else "numpy"}
+                "checkpoint_api": self.api}
 
     def prep_reset(self, frame: np.ndarray, stack: Any) -> np.ndarray:
         return frame
@@ -114,7 +100,6 @@ class Peer:
             self.store = mr.ReplayStore.load(where, self.path)
         else:
             self.store = mr.ReplayStore.open(self.path)
-        self._wire()
 
     def close(self) -> None:
         if not self.store.closed:

@@ -11,7 +11,6 @@ GB = 1e9
 
 LABELS = {
     ("mmreplay", ""): "mmreplay",
-    ("mmreplay", "kernels"): "mmreplay (kernels)",
     ("torchrl", ""): "TorchRL LazyMemmapStorage",
     ("cpprb", "nstep"): "cpprb, Nstep 3",
     ("cpprb", "1step"): "cpprb, 1-step next_of",
