@@ -40,9 +40,10 @@ FRAME = 84 * 84
 
 
 def chunk_files(path: str) -> list[str]:
+    """Every file under the store's ``chunks/``: each column's ``.npy`` and compressed frame files."""
     out = []
     for root, _, files in os.walk(os.path.join(path, "chunks")):
-        out += [os.path.join(root, f) for f in files if f.endswith(".npy")]
+        out += [os.path.join(root, f) for f in files]
     return out
 
 
@@ -67,17 +68,17 @@ def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list
     """Draw the batches once; for each, the ids and the coalesced (file, offset, length) runs of its frames."""
     ids_list, runs_list = [], []
     with mr.ReplayStore.open(path, mode="r", seed=123) as s:
-        log = s._log  # benchmark-only: the frame slots of the planned rows
+        log = s._parts.log  # benchmark-only: the frame slots of the planned rows
         a = s.schema.rows_alloc
         for _ in range(n_batches):
             b = s.sample(32)
             ids_list.append(b.index.copy())
-            plan = log.index.plan(s._slots_of(b.index), log.seq_of_pos)
+            plan = log.index.plan(log.index.slots_of(b.index))
             slots = np.unique(np.concatenate([plan.obs_slots.ravel(), plan.next_slots.ravel()]))
             breaks = np.flatnonzero(np.diff(slots) != 1) + 1
             runs = []
             for part in np.split(slots, breaks):
-                seq = int(log.seq_of_pos[part[0] // a])
+                seq = int(log.index.seq_of_pos[part[0] // a])
                 name = chunk_file(path, log.chunks[seq - log.chunks[0].seq].name, "obs")
                 runs.append((name, HEADER_BYTES + int(part[0] % a) * FRAME, len(part) * FRAME))
             runs_list.append(runs)
@@ -87,13 +88,13 @@ def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list
 def naive(path: str, ids_list: list[np.ndarray]) -> float:
     """np.load(mmap_mode='r') per chunk file, frames copied by fancy indexing per chunk."""
     with mr.ReplayStore.open(path, mode="r") as s:
-        log = s._log
+        log = s._parts.log
         a, rs = s.schema.rows_alloc, s.schema.rows_per_stream
         wanted = []
         for ids in ids_list:
-            plan = log.index.plan(s._slots_of(ids), log.seq_of_pos)
+            plan = log.index.plan(log.index.slots_of(ids))
             wanted.append(np.concatenate([plan.obs_slots.ravel(), plan.next_slots.ravel()]))
-        names = {int(log.seq_of_pos[p]): c.name for c in log.chunks for p in [c.seq % log.ring.positions]}
+        names = {int(log.index.seq_of_pos[p]): c.name for c in log.chunks for p in [c.seq % log.ring.positions]}
         positions = log.ring.positions
     del rs
     maps: dict[int, np.ndarray] = {}

@@ -145,7 +145,7 @@ def fill_pair(stores: dict[str, mr.ReplayStore], steps: int, block: int, seed: i
                 else:
                     s.step(item[1], item[2], frames[item[0]], item[3], False)
             cpu[name] += time.thread_time() - c0
-            s._log.wait_sealed()  # benchmark-only: the block's seals are charged to it, not to the next block
+            s._parts.log.wait_sealed()  # benchmark-only: the block's seals are charged to it, not to the next block
             spent[name] += time.perf_counter() - t0
         done += n
         print(f"\r  filled {done:,}/{steps:,}", end="", file=sys.stderr, flush=True)
@@ -371,7 +371,7 @@ def run(args: argparse.Namespace, paths: dict[str, str]) -> str:
     rss = rss_anon_mb()
     for s in stores.values():
         s.commit()
-        s._log.ring.touch()  # benchmark-only: every page mapped and cached (warm)
+        s._parts.log.ring.touch()  # benchmark-only: every page mapped and cached (warm)
     warm_med = warm_rates(stores, args.rounds * 4)
     print(f"warm {warm_med}", file=sys.stderr)
     for s in stores.values():
