@@ -10,7 +10,7 @@ calls each kernel the store uses and the numpy reference the tests compare it wi
 index and frames (after checking that the plans agree on the batches timed).
 Writes the ``batches`` and ``native`` sections of BENCHMARKS.md.
 
-    python tools/bench_batches.py                         # capacity 100,000: ~6 min
+    python tools/bench_batches.py                         # capacity 100,000: ~2 min
     python tools/bench_batches.py --capacity 20000 --rounds 3 --no-write
 """
 
@@ -371,7 +371,7 @@ def main() -> None:
         log("warm")
         warm_r = warm_rates(path, [32, 256, 512], args.rounds, args.seconds)
         log("cold")
-        cold = cold_rates(path, args.cold_batches, max(3, args.rounds // 2))
+        cold = cold_rates(path, args.cold_batches, args.rounds)
         loads.append(os.getloadavg()[0])
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -419,7 +419,7 @@ def report_batches(args: argparse.Namespace, warm_r: dict, cold: dict, loads: li
         f"Cold: {args.cold_batches} batches of 32 from a freshly opened reader after every chunk file's pages were",
         "dropped (POSIX_FADV_DONTNEED, all mappings closed; fincore residency before each run: max "
         f"{cold['resident'] * 100:.2f}%), the same",
-        f"batches (same seed) for both ways, median of {max(3, args.rounds // 2)} rounds in alternating order.",
+        f"batches (same seed) for both ways, median of {args.rounds} rounds in alternating order.",
         "",
         table(["sample() batches/s", "batches(2) batches/s", "batches(2) ÷ sample()"],
               [[f"{c['sample']:,.1f}", f"{c['batches']:,.1f}", f"**{cold['ratio']:.2f}**"]]),
