@@ -8,9 +8,12 @@ import json
 import os
 from typing import Any
 
+import numpy as np
+
 from .bench import disk_bytes
 from .cli import out, positive_int, require_store
 from .errors import NotAStoreError, StoreNotFoundError
+from .options import Schema
 from .storage.manifest import read_manifest
 from .store import ReplayStore
 from .verify import verify_store
@@ -45,6 +48,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         out(f"extras      {', '.join(f'{e.name} {e.shape} {e.dtype}' for e in sch.extras) or '-'}")
         out(f"envs        {sch.num_envs}")
         out(f"prioritized {_prioritized(s)}")
+        out(f"frames      {_frames(sch, doc['chunks'])}")
         out(f"capacity    {sch.capacity:,} transitions; chunks of {sch.chunk_size:,} slots,"
             f" {len(doc['chunks'])} retained")
         out(f"ids         {lo:,}..{hi - 1:,} retained ({hi - lo:,}), {len(s):,} sampleable")
@@ -61,6 +65,19 @@ def cmd_info(args: argparse.Namespace) -> int:
             state = "present" if os.path.exists(os.path.join(snap["path"], "manifest.json")) else "gone"
             out(f"snapshot    {snap['path']} (generation {snap['generation']}, {state})")
     return 0
+
+
+def _frames(sch: Schema, chunks: list[dict[str, Any]]) -> str:
+    """How the committed chunks hold their frames: raw, or the codec with how much it saved."""
+    if sch.compression is None:
+        return "raw (compression=None)"
+    coded = [c for c in chunks if c.get("frames")]
+    sealed = sum(1 for c in chunks if c.get("sealed"))
+    text = f"{sch.compression}: {len(coded)} of {sealed} sealed chunks compressed (the open chunk stays raw)"
+    if coded:
+        raw = len(coded) * sch.chunk_size * int(np.prod(sch.obs_shape)) * np.dtype(sch.obs_dtype).itemsize
+        text += f", {raw / max(1, sum(int(c['frames']['bytes']) for c in coded)):.1f}x smaller"
+    return text
 
 
 def _prioritized(s: ReplayStore) -> str:

@@ -32,7 +32,7 @@ from .log import ChunkLog
 from .options import Schema
 from .ratelimit import RateLimiter, initial_files
 from .sampling import Sampler
-from .statefiles import STATE_DIR, StateDir, checksums, referenced_files, remove_unreferenced
+from .statefiles import STATE_DIR, StateDir, checksums, load_state_file, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
 
 T = TypeVar("T")
@@ -269,12 +269,7 @@ def restore_validity(root: str, manifest: dict[str, Any], index: Index) -> None:
         raise CorruptStoreError(f"{root}/manifest.json: malformed validity record ({exc!r})") from None
     if rel:
         path = os.path.join(root, rel)
-        try:
-            ranges = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
-        except (ValueError, OSError, EOFError) as exc:
-            raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
+        ranges = load_state_file(path)
         if ranges.dtype != np.int64 or ranges.ndim != 2 or ranges.shape[1] != 2:
             raise CorruptStoreError(f"{path}: holds {ranges.dtype}{list(ranges.shape)}, expected int64[k, 2]")
         if (ranges[:, 0] >= ranges[:, 1]).any() or (ranges[1:, 0] < ranges[:-1, 1]).any() or (ranges < 0).any():

@@ -40,15 +40,21 @@ class StateDir:
     def read_table(self, rel: str, rows: int) -> np.ndarray:
         """Read a state file the manifest refers to: a float64 table of ``rows`` rows. Errors name the file."""
         path = os.path.join(self.root, rel)
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except FileNotFoundError:
-            raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
-        except (ValueError, OSError, EOFError) as exc:
-            raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
+        arr = load_state_file(path)
         if arr.dtype != np.float64 or arr.ndim != 2 or arr.shape[0] != rows:
             raise CorruptStoreError(f"{path}: holds {arr.dtype}{list(arr.shape)}, expected float64[{rows}, n]")
         return arr
+
+
+def load_state_file(path: str) -> np.ndarray:
+    """The array of a state file a manifest names (never unpickled); a missing or unreadable file is the
+    corrupt-store error naming it."""
+    try:
+        return np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise CorruptStoreError(f"{path}: state file named by the manifest is missing") from None
+    except (ValueError, OSError, EOFError) as exc:
+        raise CorruptStoreError(f"{path}: unreadable state file ({exc})") from None
 
 
 def priority_files(entry: dict[str, Any] | None) -> list[str]:

@@ -41,6 +41,24 @@ def test_info_on_a_uniform_store(tmp_path, capsys):
     assert "prioritized - (uniform sampling)" in capsys.readouterr().out
 
 
+def test_info_says_how_frames_are_stored(tmp_path, capsys):
+    frames = np.zeros((84, 84), np.uint8)
+    for name, compression in (("lz4", "auto"), ("raw", None)):
+        with mr.ReplayStore.create(tmp_path / name, capacity=2000, obs_shape=(84, 84), chunk_size=256,
+                                   compression=compression) as s:
+            s.reset(frames)
+            for t in range(700):  # two full chunks sealed, the third open
+                frames[t % 84, :] = t % 251
+                s.step(0, 0.0, frames, False, False)
+        assert main(["info", str(tmp_path / name)]) == 0
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("frames"))
+        if compression is None:
+            assert line.endswith("raw (compression=None)")
+        else:
+            assert "lz4: 2 of 2 sealed chunks compressed" in line
+            assert float(line.rsplit(", ", 1)[1].split("x")[0]) > 10  # near-constant frames shrink a lot
+
+
 def test_bench_capacity_has_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--help"])

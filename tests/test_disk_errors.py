@@ -72,7 +72,7 @@ def test_failed_fsync_during_commit(tmp_path, monkeypatch):
     def eio(path):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(ring, "fsync_path", eio)
+    monkeypatch.setattr(ring, "fsync_file", eio)
     with pytest.raises(mr.StoreIOError, match="committing.*Input/output error"):
         s.commit()
     monkeypatch.undo()

@@ -32,6 +32,7 @@ from ..errors import CorruptStoreError
 from ..native.codes import KIND_LZ4, KIND_NONE, KIND_RAW
 from ..options import Schema
 from . import framefile, npyfile
+from .files import fsync_file
 from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
@@ -99,14 +100,6 @@ def crc32_file_data(path: str) -> int:
         while block := f.read(8 * 2**20):
             crc = zlib.crc32(block, crc)
     return crc
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class ChunkRing:
@@ -193,7 +186,7 @@ class ChunkRing:
         try:
             for col in self.columns:
                 npyfile.create(self.file_path(name, col), col.dtype, (self.schema.chunk_size, *col.shape))
-            fsync_path(os.path.join(self.root, "chunks"))
+            fsync_file(os.path.join(self.root, "chunks"))
             self.map_chunk(seq, name, writable=True)
         except BaseException:
             if seq in self.mapped:
@@ -342,7 +335,7 @@ class ChunkRing:
         """
         name = self.mapped[seq]
         for col in self.columns if frames else self.columns[1:]:
-            fsync_path(self.file_path(name, col))
+            fsync_file(self.file_path(name, col))
 
     def protect_chunk(self, seq: int) -> None:
         """Make a full chunk's mappings read-only: nothing may write a sealed chunk again."""
@@ -373,7 +366,7 @@ class ChunkRing:
     def finish_seal_frames(self, seq: int) -> dict[str, int]:
         """``finish_seal`` for the raw frames alone (a compressed store whose chunk could not be compressed)."""
         col = self.columns[0]
-        fsync_path(self.file_path(self.mapped[seq], col))
+        fsync_file(self.file_path(self.mapped[seq], col))
         cb = self._chunk_bytes(col)
         view = self._ranges[col.name].bytes_view((seq % self.positions) * cb, self.schema.chunk_size * col.row_bytes)
         os.chmod(self.file_path(self.mapped[seq], col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
