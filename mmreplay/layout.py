@@ -67,6 +67,27 @@ def stream_offsets(rows_per_stream: int, extents: list[int], fill: int) -> np.nd
     return (base[:, None] + np.arange(e, dtype=np.int64)).ravel()[:fill]
 
 
+def stream_runs(rows_per_stream: int, extents: list[int], lo: int, hi: int) -> list[tuple[int, int]]:
+    """Rows ``lo .. hi - 1`` of a stream stored in ``extents`` (in row order) as runs of consecutive
+    slots, in row order: ``[(offset of the run's first slot within the chunk, rows), ...]`` (adjacent
+    extents form one run). Costs O(extents the rows touch), whatever ``lo``."""
+    e = extent_rows(rows_per_stream)
+    if hi > len(extents) * e or not 0 <= lo <= hi:
+        raise ValueError(f"rows {lo}..{hi - 1} do not fit {len(extents)} extents of {e} rows")
+    runs: list[tuple[int, int]] = []
+    r = lo
+    while r < hi:
+        i, within = divmod(r, e)
+        n = min(e - within, hi - r)
+        start = int(extents[i]) * e + within
+        if runs and runs[-1][0] + runs[-1][1] == start:
+            runs[-1] = (runs[-1][0], runs[-1][1] + n)
+        else:
+            runs.append((start, n))
+        r += n
+    return runs
+
+
 class Geometry:
     """The ring's shape and the map from each stream's rows to slots.
 

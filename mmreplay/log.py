@@ -32,6 +32,7 @@ from .errors import CorruptStoreError
 from .index import Index
 from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
+from .prefixcrc import PrefixCrc, stream_extents
 from .storage import npyfile
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
@@ -50,13 +51,17 @@ class ChunkInfo:
     committed: bool = field(default=False, compare=False)  # listed in the last committed manifest
     rows: list[int] | None = None  # rows of each stream it holds; set when sealed
 
-    def to_json(self, fill: list[int] | None, extents: list[list[int]] | None) -> dict[str, Any]:
+    def to_json(self, fill: list[int] | None, extents: list[list[int]] | None,
+                prefix_crc32: dict[str, list[int]] | None = None) -> dict[str, Any]:
         """The manifest entry; ``fill``: the open chunk's current rows per stream; ``extents``: each
-        stream's extents in row order, when not laid out as home sections."""
+        stream's extents in row order, when not laid out as home sections; ``prefix_crc32``: the open
+        chunk's checksums of those rows (``prefixcrc.py``)."""
         out = {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
                "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
         if extents is not None:
             out["extents"] = extents
+        if prefix_crc32 is not None:
+            out["prefix_crc32"] = prefix_crc32
         if self.frames is not None:
             out["frames"] = self.frames
         return out
@@ -71,6 +76,19 @@ def _frames_entry(c: dict[str, Any], schema: Schema) -> dict[str, Any] | None:
         raise ValueError(f"chunk {c.get('name')}: frames {frames!r} do not match the store's compression"
                          f" {schema.compression!r}")
     return {"codec": str(frames["codec"]), "bytes": int(frames["bytes"]), "crc32c": int(frames["crc32c"])}
+
+
+def _prefix_entry(c: dict[str, Any], schema: Schema) -> dict[str, list[int]] | None:
+    """An open chunk entry's ``prefix_crc32`` (absent in stores written before it existed): one CRC-32
+    per stream for every column."""
+    prefix = c.get("prefix_crc32")
+    if prefix is None:
+        return None
+    out = {col.name: [int(v) for v in prefix[col.name]] for col in columns_for(schema)}
+    if set(prefix) != set(out) or any(len(v) != schema.num_envs for v in out.values()):
+        raise ValueError(f"chunk {c.get('name')}: prefix_crc32 does not list one checksum per env stream for"
+                         f" exactly the columns {sorted(out)}")
+    return out
 
 
 def initial_positions(schema: Schema) -> int:
@@ -134,6 +152,7 @@ class ChunkLog:
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
         self._deleting: list[Future[None]] = []  # raw frame files being deleted in the sealer thread
+        self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
     @property
@@ -281,6 +300,7 @@ class ChunkLog:
             self._close_fd()
             self.ring.protect_chunk(full.seq)
             full.sealed = True
+            self._prefix = None  # sealing checksums the whole files
             fill = self.fill
             full.rows = fill.tolist()
             self.index.seal_chunk(full.seq, fill)
@@ -379,16 +399,29 @@ class ChunkLog:
             self.ring.sync_chunk(self.chunks[-1].seq)
 
     def manifest_body(self) -> dict[str, Any]:
+        """The chunk table and counters of a manifest (a commit's, or a snapshot's). Extends the open
+        chunk's checksums over the rows written since the last call: O(those rows)."""
         fill = self.fill.tolist()
         ended, epos, lost = self.index.stream_state()
         geo = self.index.geo
         rows = self.rows
         # one count while the streams are in format 1's layout (what format 1 and 2 readers take), else a list
         listed: Any = int(rows[0]) if geo.lockstep and (rows == rows[0]).all() else rows.tolist()
-        return {"rows": listed, "next_id": self.next_id,
-                "chunks": [c.to_json(None if c.sealed else fill, geo.extents_of(c.seq)) for c in self.chunks],
+        entries = [c.to_json(None, geo.extents_of(c.seq)) if c.sealed else
+                   c.to_json(fill, geo.extents_of(c.seq), self._prefix_crc(c, fill)) for c in self.chunks]
+        return {"rows": listed, "next_id": self.next_id, "chunks": entries,
                 "ring_positions": self.ring.positions,
                 "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
+
+    def _prefix_crc(self, c: ChunkInfo, fill: list[int]) -> dict[str, list[int]]:
+        """The open chunk ``c``'s ``prefix_crc32``: the running checksums extended to ``fill`` rows per stream."""
+        n, rs = self.schema.num_envs, self.rows_per_stream
+        p = self._prefix
+        if p is None or p.seq != c.seq:  # a new chunk, or a store whose last commit recorded none
+            p = self._prefix = PrefixCrc.empty(c.seq, [col.name for col in self.ring.columns], n)
+        base = (c.seq % self.ring.positions) * self.schema.rows_alloc
+        p.extend(self.ring.arrays, base, rs, stream_extents(rs, n, self.index.geo.extents_of(c.seq)), fill)
+        return p.to_json()
 
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
@@ -424,6 +457,7 @@ class ChunkLog:
             streams = body.get("streams")
             tails = None if streams is None else np.array(
                 [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
+            prefix = _prefix_entry(entries[-1], schema) if entries and not chunks[-1].sealed else None
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
         if rows.shape != (n_env,) or (tails is not None and tails.shape[0] != n_env):
@@ -455,6 +489,8 @@ class ChunkLog:
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
         log = cls(root, schema, writable, positions, listener)
+        if prefix is not None:  # the commit's checksums continue (computed afresh at the next commit if none)
+            log._prefix = PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
         try:
             log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
         except BaseException:

@@ -836,7 +836,8 @@ class ReplayStore:
         return cls.open(path, mode=mode, seed=seed, read_threads=read_threads, read_ahead=read_ahead)
 
     def verify(self) -> list[str]:
-        """Check the last commit's files (checksums of every sealed chunk, sizes, counts, state files).
+        """Check the last commit's files (checksums of every sealed chunk and of the open chunk's committed
+        rows, sizes, counts, state files).
 
         Returns the problems found, each naming its file; an empty list means the store is intact.
         Reads every byte: O(data). Also ``mmreplay verify PATH``.

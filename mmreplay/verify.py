@@ -3,9 +3,12 @@
 Unlike ``open()``, which refuses a store it cannot use, ``verify_store`` keeps
 going and reports everything: the manifest, every chunk file's presence,
 header, size and (sealed chunks) CRC-32 (compressed frame files: their CRC-32C,
-every frame decoded, and the CRC-32 of the decoded frames), the transition counts recorded per
-chunk against the flags actually stored, the state files, and finally whether
-the store opens and its priorities cover exactly the sampleable transitions.
+every frame decoded, and the CRC-32 of the decoded frames), the open chunk's
+committed rows against the CRC-32 the last commit recorded for each column and
+stream (``prefix_crc32``; rows written after the commit are not part of the
+store and are not checked), the transition counts recorded per chunk against
+the flags actually stored, the state files, and finally whether the store opens
+and its priorities cover exactly the sampleable transitions.
 It reads every byte of the store: its cost is O(data).
 """
 
@@ -16,8 +19,9 @@ import os
 import numpy as np
 
 from .errors import MMReplayError
-from .layout import START, home_extents, stream_offsets
+from .layout import START, stream_offsets, stream_runs
 from .options import Schema
+from .prefixcrc import crc32_rows, stream_extents
 from .statefiles import check_state_files
 from .storage import framefile, npyfile
 from .storage.manifest import read_manifest
@@ -76,7 +80,7 @@ def verify_store(path: str) -> list[str]:
             flags = np.load(flags_path, mmap_mode="r")
             fill = c.get("rows")  # rows of each stream in the chunk (format 1: every stream wrote every row)
             used = np.clip(rows - int(c["seq"]) * rs, 0, rs) if fill is None else np.asarray(fill, np.int64)
-            extents = c.get("extents") or [home_extents(rs, s) for s in range(schema.num_envs)]
+            extents = stream_extents(rs, schema.num_envs, c.get("extents"))
             try:
                 offsets = [stream_offsets(rs, extents[s], int(used[s])) for s in range(schema.num_envs)]
             except (IndexError, TypeError, ValueError) as exc:
@@ -87,11 +91,30 @@ def verify_store(path: str) -> list[str]:
                 problems.append(f"{flags_path}: holds {n_tx} transitions, the manifest"
                                 f" records {c['n_transitions']}")
             del flags
+            if not c["sealed"] and c.get("prefix_crc32") is not None:  # absent in stores written before it
+                problems += _verify_prefix(path, c, schema, extents, used)
     if chunks and expected_first != next_id:
         problems.append(f"{mpath}: chunks end at id {expected_first}, next_id is {next_id}")
     problems += check_state_files(path, doc)
     if not problems:
         problems += _open_check(path)
+    return problems
+
+
+def _verify_prefix(path: str, c: dict, schema: Schema, extents: list[list[int]], used: np.ndarray) -> list[str]:
+    """The open chunk's committed rows of every column and stream against the commit's ``prefix_crc32``."""
+    runs = [stream_runs(schema.rows_per_stream, extents[s], 0, int(used[s])) for s in range(schema.num_envs)]
+    problems = []
+    for col in columns_for(schema):
+        fpath = chunk_file(path, str(c["name"]), col.name)
+        data = np.load(fpath, mmap_mode="r")
+        for s, want in enumerate(c["prefix_crc32"][col.name]):
+            got = crc32_rows(data, 0, runs[s])
+            if got != want:
+                problems.append(f"{fpath}: the committed rows of stream {s} in this open chunk ({int(used[s]):,} rows)"
+                                f" have checksum {got:#010x}, which differs from the recorded {want:#010x}"
+                                " (the file was modified or damaged)")
+        del data
     return problems
 
 

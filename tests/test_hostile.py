@@ -234,3 +234,26 @@ def test_manifest_written_by_this_version_passes_every_check(tmp_path, store):
     with mr.ReplayStore.load(tmp_path / "snap", tmp_path / "loaded") as loaded:
         assert json.loads(open(tmp_path / "loaded" / "manifest.json").read())["loaded_from"]
         assert loaded.verify() == []
+
+
+def test_a_linked_id_column_file_is_refused(tmp_path):
+    """The id column (stores with several env streams) is checked like the other column files: the
+    open chunk's is mapped writable in mode r+, so a link would let the writer write elsewhere."""
+    paths = []
+    for name in ("s", "other"):
+        s = mr.ReplayStore.create(tmp_path / name, capacity=50, obs_shape=(3,), num_envs=2, chunk_size=16)
+        s.reset(np.zeros((2, 3), np.uint8))
+        s.step([0, 1], [1.0, 1.0], np.ones((2, 3), np.uint8), [False, False], [False, False])
+        s.close()
+        paths.append(str(tmp_path / name))
+    entry = read_doc(paths[0])["chunks"][-1]
+    target = os.path.join(paths[0], "chunks", f"{entry['name']}.id.npy")
+    os.unlink(target)
+    os.symlink(os.path.join(paths[1], "chunks", f"{entry['name']}.id.npy"), target)
+    before = fingerprint(paths[1])
+    for mode in ("r", "r+"):
+        with pytest.raises(mr.CorruptStoreError, match="symbolic link"):
+            mr.ReplayStore.open(paths[0], mode=mode)
+    problems = mr.verify_store(paths[0])
+    assert problems and "symbolic link" in problems[0], problems
+    assert fingerprint(paths[1]) == before

@@ -11,7 +11,7 @@ import mmreplay
 LAYERS = [
     {"errors", "options", "synthetic", "native", "version", "spaces"},
     {"storage"},
-    {"layout", "plan", "sequences", "episodes", "index"},
+    {"layout", "plan", "sequences", "episodes", "index", "prefixcrc"},
     {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
     {"sampling", "writer"},
     {"drawing", "durability"},

@@ -37,7 +37,7 @@ from ..errors import CorruptStoreError
 from ..options import Schema, extent_rows, planned_positions, validate_ring
 
 __all__ = ["check_body", "check_files", "check_dirs", "check_chunk_name", "check_state_name", "check_rng",
-           "load_priority_table", "CHUNK_NAME", "STATE_FILE"]
+           "load_priority_table", "column_names", "CHUNK_NAME", "STATE_FILE"]
 
 CHUNK_NAME = re.compile(r"(\d{12,18})(?:g(\d{6,18}))?")
 STATE_FILE = re.compile(r"state/([a-z][a-z0-9_-]{0,63})\.(\d{12,18})\.npy")
@@ -254,6 +254,7 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: list[int]
         if crc is not None:
             for col, value in f.dict_(f"chunks[{i}].crc32", crc).items():
                 f.int_(f"chunks[{i}].crc32[{col!r}]", value, 0, 2**32 - 1)  # keys name files' parts, never paths
+        _check_prefix(f, c, i, schema)
         fill = _check_layout(f, c, i, schema)
         if fill is not None:
             listed = True
@@ -281,6 +282,32 @@ def _check_chunks(f: _Fields, chunks: list[Any], schema: Schema, rows: list[int]
     elif prev_seq is not None and max(rows) > (prev_seq + 1) * schema.rows_per_stream:
         f.fail("rows", rows, f"at most {(prev_seq + 1) * schema.rows_per_stream:,} (the end of the last chunk)")
     return int(chunks[0]["first_id"]) if chunks else next_id
+
+
+def _check_prefix(f: _Fields, c: dict[str, Any], i: int, schema: Schema) -> None:
+    """An open chunk's ``prefix_crc32``: for exactly the chunk's columns, one CRC-32 per env stream."""
+    prefix = c.get("prefix_crc32")
+    if prefix is None:
+        return
+    field = f"chunks[{i}].prefix_crc32"
+    if c["sealed"]:
+        f.fail(field, prefix, "none on a sealed chunk (its crc32 covers the whole files)")
+    names = column_names(schema)
+    prefix = f.dict_(field, prefix, names)
+    if len(prefix) != len(names):
+        f.fail(field, prefix, f"a JSON object with exactly the keys {', '.join(names)}")
+    for name in names:
+        crcs = f.list_(f"{field}[{name!r}]", prefix[name], schema.num_envs)
+        if len(crcs) != schema.num_envs:
+            f.fail(f"{field}[{name!r}]", crcs, f"{schema.num_envs} checksums (one per env stream)")
+        for v in crcs:
+            f.int_(f"{field}[{name!r}]", v, 0, 2**32 - 1)
+
+
+def column_names(schema: Schema) -> tuple[str, ...]:
+    """The names of a chunk's column files (``ring.columns_for``, which imports this module)."""
+    return ("obs", "action", "reward", "flags", *("x_" + e.name for e in schema.extras),
+            *(("id",) if schema.id_column else ()))
 
 
 def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows: list[int]) -> None:
@@ -405,9 +432,8 @@ def check_files(root: str, doc: dict[str, Any], schema: Schema | None = None) ->
     files whose ``.npy`` headers declare exactly the data they hold. Raises CorruptStoreError."""
     check_dirs(root)
     schema = schema if schema is not None else Schema.from_json(doc["schema"])
-    columns = ["obs", "action", "reward", "flags", *("x_" + e.name for e in schema.extras)]
     for c in doc.get("chunks") or []:
-        for col in columns:
+        for col in column_names(schema):
             _regular_or_absent(os.path.join(root, "chunks", f"{c['name']}.{col}.npy"), "chunk file")
         if c.get("frames"):
             _regular_or_absent(os.path.join(root, "chunks", f"{c['name']}.obs.{c['frames']['codec']}"),
