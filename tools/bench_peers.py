@@ -220,7 +220,8 @@ def start(u: Unit, python: str, run_dir: str, workload: str, args: argparse.Name
     os.makedirs(workdir)
     cfg = {"peer": u.peer, "variant": u.variant, "prioritized": u.prioritized, "capacity": u.capacity,
            "steps": u.capacity + u.capacity // 10, "workload": workload, "workdir": workdir,
-           "append_budget_s": args.append_budget, "seed": 0, "malloc": malloc or args.malloc}
+           "append_budget_s": args.append_budget, "seed": 0, "malloc": malloc or args.malloc,
+           "compression": args.mmreplay_compression}
     t0 = time.time()
     child = Child(python, cfg, run_dir)
     u.info.update(child.read())  # versions
@@ -416,6 +417,9 @@ def main() -> None:
                          "block allocated and freed at start-up) or a fresh process's")
     ap.add_argument("--malloc-check", type=int, default=20_000, metavar="CAPACITY",
                     help="first measure each buffer in both allocator states at this capacity (0: skip)")
+    ap.add_argument("--mmreplay-compression", choices=["auto", "none"], default="auto",
+                    help="frames of mmreplay's stores: LZ4-compressed sealed chunks (auto, the default for "
+                         "images) or raw (none); the section written is 'peers' or 'peers-raw'")
     args = ap.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
     bad = [p for p in args.peers if p not in INSTALL]
@@ -460,7 +464,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"units": [u.__dict__ for u in units], "malloc_check": malloc_rows}, f, indent=1, default=str)
     if not args.no_write:
-        write_section("peers", body)
+        write_section("peers" if args.mmreplay_compression == "auto" else "peers-raw", body)
     print(body)
 
 

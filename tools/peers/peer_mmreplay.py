@@ -24,7 +24,8 @@ class Peer:
         self.path = os.path.join(cfg["workdir"], "store")
         prio = mr.Prioritized(alpha=ALPHA, beta=BETA) if cfg["prioritized"] else None
         self.store = mr.ReplayStore.create(self.path, capacity=cfg["capacity"], obs_shape=OBS, obs_dtype="uint8",
-                                           stack=STACK, n_step=N_STEP, gamma=GAMMA, prioritized=prio, seed=0)
+                                           stack=STACK, n_step=N_STEP, gamma=GAMMA, prioritized=prio, seed=0,
+                                           compression=None if cfg.get("compression") == "none" else "auto")
         self.api = "save/load" if hasattr(mr.ReplayStore, "save") and hasattr(mr.ReplayStore, "load") \
             else "commit/open"
 

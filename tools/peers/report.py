@@ -98,7 +98,12 @@ def report(units: list[Any], source: str, installed: dict[str, list[list[str]]],
               "mmreplay ÷ peer, same windows (u / p)", "RssAnon MB (u / p)", "disk GB (u / p)",
               "save s (u / p)", "load s (u / p)", "checkpoint GB (u / p)"]
     body = [
-        "## Peers: mmreplay against TorchRL, cpprb and Dopamine",
+        "## Peers: mmreplay against TorchRL, cpprb and Dopamine"
+        + (" (mmreplay with raw frames)" if args.mmreplay_compression == "none" else ""),
+        "",
+        "mmreplay's stores keep "
+        + ("their frames raw (`compression=None`)." if args.mmreplay_compression == "none" else
+           "the frames of sealed chunks LZ4-compressed (`compression=\"auto\"`, the default for images)."),
         "",
         f"Reference workload (see the top of this file): {source} cycled, 84x84 uint8, stack 4, n-step 3, gamma 0.99,",
         "batch 32, episodes of 100..3000 steps (seeded, all terminated), every buffer fed the same transitions",
