@@ -420,6 +420,8 @@ def main() -> None:
     ap.add_argument("--mmreplay-compression", choices=["auto", "none"], default="auto",
                     help="frames of mmreplay's stores: LZ4-compressed sealed chunks (auto, the default for "
                          "images) or raw (none); the section written is 'peers' or 'peers-raw'")
+    ap.add_argument("--section", default=None,
+                    help="BENCHMARKS.md section to write (default: 'peers', or 'peers-raw' with raw frames)")
     args = ap.parse_args()
     args.peers = [p for p in args.peers.split(",") if p]
     bad = [p for p in args.peers if p not in INSTALL]
@@ -464,7 +466,7 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"units": [u.__dict__ for u in units], "malloc_check": malloc_rows}, f, indent=1, default=str)
     if not args.no_write:
-        write_section("peers" if args.mmreplay_compression == "auto" else "peers-raw", body)
+        write_section(args.section or ("peers" if args.mmreplay_compression == "auto" else "peers-raw"), body)
     print(body)
 
 
