@@ -18,7 +18,7 @@ def test_stacks_are_the_gather_of_the_slots(n_frames, b, k, threads, read_ahead,
     rng = np.random.default_rng(seed)
     frames = rng.integers(0, 255, (n_frames, 3, 5), dtype=np.uint8)
     reader = FrameReader(frames, threads=threads, prefetch_io=read_ahead)
-    reader.MIN_SPLIT_BYTES = 1  # split even tiny batches between the threads
+    reader.MIN_SPLIT_BYTES = reader.MIN_SPLIT_RAW_BYTES = 1  # split even tiny batches between the threads
     obs_slots = rng.integers(0, n_frames, (b, k))
     next_slots = rng.integers(0, n_frames, (b, k))
     obs, nxt = reader.stacks(obs_slots, next_slots)
