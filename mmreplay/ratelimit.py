@@ -44,9 +44,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
-from .options import RateLimit
+from .options import RateLimit, Schema
+from .snapshot import SNAPSHOT_KEY
 
-__all__ = ["RateLimiter", "COUNTERS", "READERS", "initial_files"]
+__all__ = ["RateLimiter", "StoreLimit", "store_limiter", "COUNTERS", "READERS", "initial_files"]
 
 COUNTERS = "ratelimit.npy"
 READERS = "ratelimit.readers"
@@ -427,6 +428,67 @@ class RateLimiter:
                 os.close(fd)
         self._fd = self._readers_fd = -1
         _LIMITERS.discard(self)
+
+
+def store_limiter(root: str, schema: Schema, manifest: dict[str, Any], writer: bool) -> RateLimiter | None:
+    """The limiter of a store opened from ``manifest``: None without a rate limit, and for a snapshot (it is
+    never written to: nothing to limit)."""
+    limit = schema.rate_limit
+    if limit is None or SNAPSHOT_KEY in manifest:
+        return None
+    return RateLimiter(root, limit, manifest.get("rate_limit"), writer,
+                       pending_lag=(schema.n_step - 1) * schema.num_envs, refresh_every=schema.chunk_size)
+
+
+class StoreLimit:
+    """What a store's sampling and writing paths call around its rate limit (each does nothing without one).
+
+    ``sync()`` is the store's: it tells the sampler of transitions whose n-step window closed and
+    publishes the writer's ``len(store)``.
+    """
+
+    __slots__ = ("limiter", "_sync")
+
+    def __init__(self, limiter: RateLimiter | None, sync: Callable[[], None]) -> None:
+        self.limiter = limiter
+        self._sync = sync
+
+    def sample(self, rows: int, draw: Callable[[], T]) -> T:
+        """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
+        waits until the limit allows them, then draws and counts them under the counters' lock. A refused
+        call raises ``RateLimitTimeout`` having drawn nothing (the RNG does not move). Every path that
+        hands out sampled rows calls this (a sequence counts as one row: its start)."""
+        lim = self.limiter
+        if lim is None:
+            return draw()
+        lim.check_batch(rows)
+        if lim.writer:
+            self._sync()  # its len(store) is published before the limit is read
+        return lim.sample(rows, draw)
+
+    def hand_out(self, rows: int) -> None:
+        """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
+        self._sync()
+        if self.limiter is not None:
+            self.limiter.check_batch(rows)
+            self.limiter.sample(rows, lambda: None)
+
+    @property
+    def on_hand_out(self) -> Callable[[int], None] | None:
+        """``hand_out`` for a prefetching iterator, or None without a limit (nothing to count)."""
+        return None if self.limiter is None else self.hand_out
+
+    def inserting(self, n: int) -> None:
+        """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
+        lim = self.limiter
+        if lim is not None and n:
+            lim.inserting(n)
+
+    def inserted(self, n: int) -> None:
+        """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
+        lim = self.limiter
+        if lim is not None and n and lim.inserted(n):
+            self._sync()
 
 
 _LIMITERS: weakref.WeakSet[RateLimiter] = weakref.WeakSet()

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 
@@ -40,13 +40,12 @@ from .log import ChunkLog
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
 from .prefetch import BatchIterator, Draw
-from .ratelimit import RateLimiter
+from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import SequenceBatch, assemble_sequences
 from .sequences import SequencePlan
-from .snapshot import SNAPSHOT_KEY
 from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
@@ -54,14 +53,18 @@ from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
-T = TypeVar("T")
-
 
 class _RingEvents:
-    """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``)."""
+    """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
+    limit's calls to ``ReplayStore._sync``; holds the store weakly, so that it can be dropped unclosed."""
 
     def __init__(self, store: ReplayStore) -> None:
         self._store = weakref.ref(store)
+
+    def sync(self) -> None:
+        store = self._store()
+        if store is not None:
+            store._sync()
 
     def before_unmap(self) -> None:
         store = self._store()
@@ -140,7 +143,8 @@ class ReplayStore:
         self._release = weakref.finalize(self, self._held.release)
         self._writer: EpisodeWriter | None = None
         try:
-            self._limiter = self._held.limiter = self._make_limiter(manifest)
+            self._limiter = self._held.limiter = store_limiter(path, schema, manifest, mode == "r+")
+            self._limit = StoreLimit(self._limiter, self._events.sync)
             self._attach(manifest)
         except BaseException:
             self._held.lock_fd = None  # open() closes it
@@ -381,12 +385,12 @@ class ReplayStore:
         """
         writer = self._check_writable()
         s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
-        self._limit_insert(blk.length)  # a rate-limited store waits as for blk.length steps
+        self._limit.inserting(blk.length)  # a rate-limited store waits as for blk.length steps
         try:
             first = writer.write_extend(s, blk, bool(final_missing))
         except OSError as exc:
             raise self._durable.fail(exc, "writing a block of steps") from exc
-        self._count_insert(blk.length)
+        self._limit.inserted(blk.length)
         return first
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
@@ -403,7 +407,7 @@ class ReplayStore:
         """
         writer = self._check_writable()
         lim = self._limiter
-        if lim is not None:  # the rate limit (_limit_insert and _count_insert, inlined: the hot path)
+        if lim is not None:  # the rate limit (StoreLimit.inserting and .inserted, inlined: the hot path)
             n = writer.stored_by_next_step() if self._schema.vector else 1
             if not lim.fits(n) and writer.stored_by_next_step():  # (no wait for a step that will raise)
                 lim.inserting(n)
@@ -427,7 +431,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
-        d = self._rate_limited(b, lambda: self._draw(b, bool(replace), beta))
+        d = self._limit.sample(b, lambda: self._draw(b, bool(replace), beta))
         return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
@@ -447,50 +451,9 @@ class ReplayStore:
             self._require_prio("beta=")
             beta = check_beta(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, (b, 0, False), int(prefetch),
-                                     None if self._limiter is None else self._limit_handout)
+                                     self._parts.log.index, (b, 0, False), int(prefetch), self._limit.on_hand_out)
 
     # -- rate limiting ---------------------------------------------------------------------------------
-    def _make_limiter(self, manifest: dict[str, Any]) -> RateLimiter | None:
-        limit = self._schema.rate_limit
-        if limit is None or SNAPSHOT_KEY in manifest:  # a snapshot is never written to: nothing to limit
-            return None
-        s = self._schema
-        return RateLimiter(self._path, limit, manifest.get("rate_limit"), self._mode == "r+",
-                           pending_lag=(s.n_step - 1) * s.num_envs, refresh_every=s.chunk_size)
-
-    def _rate_limited(self, rows: int, draw: Callable[[], T]) -> T:
-        """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
-        waits until the limit allows them, then draws and counts them under the counters' lock. A refused
-        call raises ``RateLimitTimeout`` having drawn nothing (the RNG does not move). Every path that
-        hands out sampled rows calls this (a sequence counts as one row: its start)."""
-        lim = self._limiter
-        if lim is None:
-            return draw()
-        lim.check_batch(rows)
-        if lim.writer:
-            self._sync()  # its len(store) is published before the limit is read
-        return lim.sample(rows, draw)
-
-    def _limit_handout(self, rows: int) -> None:
-        """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
-        self._sync()
-        if self._limiter is not None:
-            self._limiter.check_batch(rows)
-            self._limiter.sample(rows, lambda: None)
-
-    def _limit_insert(self, n: int) -> None:
-        """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
-        lim = self._limiter
-        if lim is not None and n:
-            lim.inserting(n)
-
-    def _count_insert(self, n: int) -> None:
-        """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
-        lim = self._limiter
-        if lim is not None and n and lim.inserted(n):
-            self._sync()
-
     def can_sample(self, batch_size: int) -> bool:
         """Whether the rate limit allows ``sample(batch_size)`` now, without waiting (True without a limit).
 
@@ -601,7 +564,7 @@ class ReplayStore:
         """
         self._check_open()
         b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
-        return self._assemble_sequence_draw(self._rate_limited(b, lambda: self._draw_sequences(b, n, strict, beta)))
+        return self._assemble_sequence_draw(self._limit.sample(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
     def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
                          beta: float | None = None) -> BatchIterator[SequenceBatch]:
@@ -616,7 +579,7 @@ class ReplayStore:
             raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
-                                     int(prefetch), None if self._limiter is None else self._limit_handout)
+                                     int(prefetch), self._limit.on_hand_out)
 
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as

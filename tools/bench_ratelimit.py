@@ -118,8 +118,8 @@ def run(label: str, obs_shape: tuple[int, ...], capacity: int, rounds: int, scra
 
     noop: Callable[[], None] = lambda: None  # noqa: E731
     step_us = per_call_us(step_path)
-    sample_us = (per_call_us(lambda: lim._rate_limited(32, noop), 50_000)  # noqa: SLF001
-                 - per_call_us(lambda: free._rate_limited(32, noop), 50_000))  # noqa: SLF001
+    sample_us = (per_call_us(lambda: lim._limit.sample(32, noop), 50_000)  # noqa: SLF001
+                 - per_call_us(lambda: free._limit.sample(32, noop), 50_000))  # noqa: SLF001
 
     n = 200
     u, limited, ratio = interleaved([lambda f=f: f.steps(n) for f in feeds[:2]], n, rounds)
