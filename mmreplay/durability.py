@@ -24,14 +24,14 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import snapshot
+from . import _inputs, snapshot
 from .drawing import Drawer
 from .errors import CorruptStoreError, ReadOnlyStoreError, StoreIOError
 from .index import Index
 from .log import ChunkLog
 from .options import Schema
 from .ratelimit import RateLimiter, initial_files
-from .sampling import Sampler
+from .sampling import PrioritizedSampler, Sampler
 from .statefiles import STATE_DIR, StateDir, checksums, load_state_file, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
 
@@ -48,6 +48,26 @@ class Parts:
     sampler: Sampler
     drawer: Drawer
     limiter: RateLimiter | None = None
+
+    def counters(self, path: str, ids: Any, settle: bool) -> dict[str, Any]:
+        """``ReplayStore.inspect()``'s counters (see there); ``settle``: finish background seals first."""
+        log, sampler = self.log, self.sampler
+        if settle:
+            log.wait_sealed()
+        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
+                               "rows": log.rows.tolist(), "holes": log.holes(),
+                               "compressed_chunks": sorted(log.ring.compressed),
+                               "rng": self.drawer.rng.bit_generator.state}
+        if self.limiter is not None:
+            out["rate_limit"] = self.limiter.counts()
+        if isinstance(sampler, PrioritizedSampler):
+            out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
+                       priority_state=read_manifest(path).get("priorities"))
+            if ids is not None:
+                ids = _inputs.ids_array(ids)
+                log.index.check_ids(ids)
+                out["priority_masses"] = sampler.masses(ids)
+        return out
 
 
 def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bool) -> T:

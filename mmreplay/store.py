@@ -334,23 +334,7 @@ class ReplayStore:
         """
         self._check_open()
         self._sync()
-        log, sampler = self._parts.log, self._parts.sampler
-        if self._writer is not None and self._durable.failed is None:
-            log.wait_sealed()
-        out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
-                               "rows": log.rows.tolist(), "holes": log.holes(),
-                               "compressed_chunks": sorted(log.ring.compressed),
-                               "rng": self._drawer.rng.bit_generator.state}
-        if self._limiter is not None:
-            out["rate_limit"] = self._limiter.counts()
-        if isinstance(sampler, PrioritizedSampler):
-            out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
-                       priority_state=read_manifest(self._path).get("priorities"))
-            if ids is not None:
-                ids = _inputs.ids_array(ids)
-                log.index.check_ids(ids)
-                out["priority_masses"] = sampler.masses(ids)
-        return out
+        return self._parts.counters(self._path, ids, settle=self._writer is not None and self._durable.failed is None)
 
     # -- writing ---------------------------------------------------------------------------------------
     def reset(self, obs: Any, head_lost: bool = False, env: int | None = None) -> None:
