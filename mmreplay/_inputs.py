@@ -1,4 +1,4 @@
-"""Validation of what users pass to ``reset()``/``step()``/``gather()``.
+"""Validation of what users pass to ``reset()``/``step()``/``gather()`` and the store's other arguments.
 
 Every check runs before anything is written, so a rejected call changes
 nothing. Messages say what was expected, what came, and what to change.
@@ -214,6 +214,34 @@ def length_arg(length: Any) -> int:
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
         raise ValueError(f"length: expected a positive int (steps per sequence), got {length!r}")
     return int(length)
+
+
+def sequence_args(batch_size: Any, length: Any, strict: Any, state_bytes: int) -> tuple[int, int, bool]:
+    """``sample_sequences``' batch size, length and ``strict`` (``state_bytes``: one row's stacked frames)."""
+    b = batch_size_arg(batch_size)
+    n = length_arg(length)
+    sequences_fit(b, n, state_bytes)
+    if not isinstance(strict, (bool, np.bool_)):
+        raise TypeError(f"strict: expected True or False, got {strict!r}")
+    return b, n, bool(strict)
+
+
+def prefetch_arg(prefetch: Any) -> int:
+    if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
+        raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
+    return int(prefetch)
+
+
+def keep_arg(keep: Any) -> int | None:
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")
+    return keep
+
+
+def seed_arg(seed: Any) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be an int, got {seed!r}")
+    return int(seed)
 
 
 def sequences_fit(count: int, length: int, state_bytes: int) -> None:

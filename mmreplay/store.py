@@ -205,10 +205,9 @@ class ReplayStore:
                               extras=extras, num_envs=num_envs, vector=vector, pad=pad, chunk_size=chunk_size,
                               prioritized=prioritized, rate_limit=rate_limit, quantize=quantize,
                               compression=compression)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed must be an int, got {seed!r}")
+        seed = _inputs.seed_arg(seed)
         path = os.fspath(path)
-        create_store(path, schema, int(seed), json_dict(metadata))
+        create_store(path, schema, seed, json_dict(metadata))
         return cls.open(path, mode="r+", read_threads=read_threads)
 
     @classmethod
@@ -429,13 +428,10 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
-        if beta is not None:
-            self._require_prio("beta=")
-            beta = check_beta(beta)
+        p = _inputs.prefetch_arg(prefetch)
+        beta = self._beta_arg(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, (b, 0, False), int(prefetch), self._limit.on_hand_out)
+                                     self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out)
 
     # -- rate limiting ---------------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
@@ -547,7 +543,8 @@ class ReplayStore:
         no start has ``length`` steps (the RNG is then left as it was).
         """
         self._check_open()
-        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
+        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
+        beta = self._beta_arg(beta)
         return self._assemble_sequence_draw(self._limit.sample(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
     def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
@@ -558,12 +555,12 @@ class ReplayStore:
         first ``sequence_batches`` iterator of the same arguments after ``open()``/``load()`` hands them out.
         """
         self._check_open()
-        b, n, strict, beta = self._sequence_args(batch_size, length, strict, beta)
-        if isinstance(prefetch, bool) or not isinstance(prefetch, (int, np.integer)) or prefetch < 0:
-            raise ValueError(f"prefetch: expected an int >= 0, got {prefetch!r}")
+        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
+        beta = self._beta_arg(beta)
+        p = _inputs.prefetch_arg(prefetch)
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
-                                     int(prefetch), self._limit.on_hand_out)
+                                     p, self._limit.on_hand_out)
 
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
@@ -580,18 +577,6 @@ class ReplayStore:
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
         return assemble_sequences(plan, self._parts.log.ring.arrays, self._extra_names, self._reader, None)
-
-    def _sequence_args(self, batch_size: Any, length: Any, strict: Any,
-                       beta: Any) -> tuple[int, int, bool, float | None]:
-        b = _inputs.batch_size_arg(batch_size)
-        n = _inputs.length_arg(length)
-        _inputs.sequences_fit(b, n, self._schema.stack * self._schema.frame_bytes)
-        if not isinstance(strict, (bool, np.bool_)):
-            raise TypeError(f"strict: expected True or False, got {strict!r}")
-        if beta is not None:
-            self._require_prio("beta=")
-            beta = check_beta(beta)
-        return b, n, bool(strict), beta
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
         self._sync()
@@ -730,6 +715,12 @@ class ReplayStore:
         sampler = self._parts.sampler
         return sampler.skipped_updates if isinstance(sampler, PrioritizedSampler) else 0
 
+    def _beta_arg(self, beta: Any) -> float | None:
+        if beta is None:
+            return None
+        self._require_prio("beta=")
+        return check_beta(beta)
+
     def _require_prio(self, what: str) -> PrioritizedSampler:
         sampler = self._parts.sampler
         if not isinstance(sampler, PrioritizedSampler):
@@ -763,8 +754,7 @@ class ReplayStore:
         Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
         """
         self._check_open()
-        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-            raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")
+        keep = _inputs.keep_arg(keep)
         self._sync()
         return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
 
