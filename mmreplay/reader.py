@@ -182,21 +182,22 @@ class FrameReader:
         (Splitting by rows instead, to keep a row's obs and next_obs copies in one thread, measured
         ~5% slower here: it doubles the number of calls.)
         """
-        flat = both.reshape((-1,) + frames.shape[1:])
         index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
-        parts = self._raw_parts(flat.nbytes, requested)
+        self._take_split(frames, index, both.reshape((-1,) + frames.shape[1:]), requested)
+
+    def _take_split(self, frames: np.ndarray, index: np.ndarray, flat: np.ndarray, cold: bool) -> None:
+        """``flat[:] = frames[index]`` (raw frames), in equal parts run in parallel when it is large enough
+        or ``cold`` (its pages were requested first: the threads wait on page faults side by side)."""
+        if flat.nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
+            parts = 1
+        else:
+            parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
         bounds = [index.size * i // parts for i in range(parts + 1)]
         futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
                                           flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
         np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
         for f in futures:
             f.result()
-
-    def _raw_parts(self, nbytes: int, cold: bool) -> int:
-        """How many threads share a raw gather of ``nbytes`` (``cold``: its pages were requested first)."""
-        if nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
-            return 1
-        return min(self.threads, max(1, nbytes // self.MIN_SPLIT_BYTES))
 
     def gather(self, slots: np.ndarray) -> np.ndarray:
         """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
@@ -210,9 +211,9 @@ class FrameReader:
             self.request(index)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
-        parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
-        bounds = [index.size * i // parts for i in range(parts + 1)]
         if self._ring is not None and self._ring.compressed:
+            parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+            bounds = [index.size * i // parts for i in range(parts + 1)]
             if self._native is None:
                 flat[:] = self._reference(index)
             else:
@@ -227,13 +228,7 @@ class FrameReader:
                     if err:
                         raise self._error(int(err), int(slot))
         else:
-            parts = self._raw_parts(flat.nbytes, requested)
-            bounds = [index.size * i // parts for i in range(parts + 1)]
-            futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
-                                              flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
-            np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
-            for f in futures:
-                f.result()
+            self._take_split(frames, index, flat, requested)
         if self.prefetch_io == "auto":
             if requested:
                 self._cold_batches -= 1
