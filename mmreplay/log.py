@@ -624,9 +624,15 @@ class ChunkLog:
         if removed:
             fsync_dir(base)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
+        """Finish the background seals and release everything. ``failed``: a disk error already turned the
+        store read-only and was reported; a seal still queued then may fail the same way, and that is not
+        raised again (the last commit never depends on a seal: it lists the chunk's raw files)."""
         try:
             self.wait_sealed()
+        except OSError:
+            if not failed:
+                raise
         finally:
             if self._executor is not None:
                 self._executor.shutdown()

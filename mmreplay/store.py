@@ -93,6 +93,7 @@ class _Held:
         self.drawer: Drawer | None = None
         self.limiter: RateLimiter | None = None
         self.lock_fd: int | None = None
+        self.failed = False  # a disk error already turned the store read-only
 
     def release(self) -> None:
         try:
@@ -101,7 +102,7 @@ class _Held:
             if self.reader is not None:
                 self.reader.close()
             if self.log is not None:
-                self.log.close()
+                self.log.close(failed=self.failed)
             if self.limiter is not None:
                 self.limiter.close()
         finally:
@@ -822,6 +823,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
+            self._held.failed = self._durable.failed is not None
             self._release()
 
     def __enter__(self) -> ReplayStore:
