@@ -13,6 +13,7 @@ import os
 import resource
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
@@ -96,16 +97,17 @@ def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
         advisor.close()
 
 
-_KERNELS: list[ModuleType | None] = []
+_KERNELS: list[tuple[ModuleType, ModuleType] | None] = []
 
 
-def native_kernels() -> ModuleType | None:
-    """``mmreplay.native.lz4``, or None where numba cannot be imported (then frames are decoded by the
-    numcodecs reference path, ~10x slower)."""
+def native_kernels() -> tuple[ModuleType, ModuleType] | None:
+    """``(mmreplay.native.lz4, mmreplay.native.parallel)``, or None where numba cannot be imported (then
+    frames are copied by numpy and decoded by the numcodecs reference path, ~10x slower)."""
     if not _KERNELS:
-        found: ModuleType | None
+        found: tuple[ModuleType, ModuleType] | None
         try:
-            from .native import lz4 as found
+            from .native import lz4, parallel
+            found = lz4, parallel
         except ImportError:  # pragma: no cover - numba is a dependency
             found = None
         _KERNELS.append(found)
@@ -115,9 +117,11 @@ def native_kernels() -> ModuleType | None:
 class FrameReader:
     """Gathers frame stacks from the ring's frame array into recycled output buffers.
 
-    ``np.take`` releases the GIL, and one core does not saturate memory bandwidth, so a
-    batch's rows are split between the calling thread and ``threads - 1`` workers
-    (measured on 2 cores: 320 us -> 222 us for the 256 frames of a batch of 32).
+    One core does not saturate memory bandwidth, and decoding is CPU work, so a batch's rows are
+    split into up to ``threads`` parts read at once: through one parallel launch of the native
+    kernels (``native.parallel``: a batch of 32 Atari stacks on 2 cores, 173 us -> 81 us raw,
+    255 us -> 132 us compressed), or, where numba cannot launch safely and cheaply, between the
+    calling thread and ``threads - 1`` pool threads (a hand-off costs tens of microseconds).
 
     Cold data: a plain gather faults pages in one at a time. Requesting all of a batch's
     frame runs first (``request``) keeps many reads in flight, but costs ~300 us per batch
@@ -128,24 +132,25 @@ class FrameReader:
     A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead``).
     """
 
-    MIN_SPLIT_BYTES = 256 * 1024  # below this, handing work to a thread costs more than it saves
-    # A raw (uncompressed) gather of warm data is a memory copy: below this size one thread is faster
-    # than two (measured warm at 100K, 84x84 frames: B=32, 1.8 MB, one thread 1.08x two; B=64, 3.6 MB,
+    MIN_PART_BYTES = 64 * 1024  # one parallel launch: each part writes at least this much
+    MIN_SPLIT_BYTES = 256 * 1024  # the thread pool: below this, handing work to a thread costs more than it saves
+    # The thread pool: a raw (uncompressed) gather of warm data is a memory copy; below this size one thread
+    # is faster than two (measured warm at 100K, 84x84 frames: B=32, 1.8 MB, one thread 1.08x two; B=64, 3.6 MB,
     # 0.95x; B=128 0.78x). Batches read while the data is cold (requested first) still split: their
     # threads wait on page faults in parallel (one thread measured 0.9x cold, 0.8x two batches ahead).
     MIN_SPLIT_RAW_BYTES = 3 * 1024 * 1024
     PROBE_EVERY = 64
     COLD_FAULTS = 4
 
-    MIN_SPLIT_ROWS = 4  # decoding: rows per thread below which one thread does the whole batch
-
     def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto",
-                 ring: ChunkRing | None = None, native: bool = True) -> None:
+                 ring: ChunkRing | None = None, native: bool = True, parallel: bool = True) -> None:
         if prefetch_io not in (True, False, "auto"):
             raise ValueError(f"prefetch_io: expected True, False or 'auto', got {prefetch_io!r}")
         self.frames = frames
         self._ring = ring
-        self._native = native_kernels() if native else None
+        kernels = native_kernels() if native else None
+        self._native = kernels[0] if kernels else None
+        self._par = kernels[1] if kernels and parallel else None  # None: split through the thread pool
         self.threads = default_threads() if threads is None else max(1, int(threads))
         self.prefetch_io = prefetch_io
         self._pool = FramePool()
@@ -163,35 +168,79 @@ class FrameReader:
         if requested:
             self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-        if self._ring is not None and self._ring.compressed:
-            self._decode(obs_slots, next_slots, both)
+        if self._native is not None and self._ring is not None:
+            self._pairs(obs_slots, next_slots, both, requested)
+        elif self._ring is not None and self._ring.compressed:
+            both.reshape((-1,) + frames.shape[1:])[:] = self._reference(
+                np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         else:
-            self._take(frames, obs_slots, next_slots, both, requested)
+            index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
+            self._take_split(frames, index, both.reshape((-1,) + frames.shape[1:]), requested)
+        self._count_faults(requested, faults)
+        return both[0], both[1]  # C-contiguous views of one buffer
+
+    def _count_faults(self, requested: bool, faults: int) -> None:
+        """After a read: count down the requested (cold) batches, or notice that a plain one went to the disk."""
         if self.prefetch_io == "auto":
             if requested:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
             elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
                 self._read_ahead()
-        return both[0], both[1]  # C-contiguous views of one buffer
 
-    def _take(self, frames: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray,
-              requested: bool) -> None:
-        """One gather of all ``2 * B * k`` frames into ``both``, split in equal parts run in parallel.
-
-        (Splitting by rows instead, to keep a row's obs and next_obs copies in one thread, measured
-        ~5% slower here: it doubles the number of calls.)
-        """
-        index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
-        self._take_split(frames, index, both.reshape((-1,) + frames.shape[1:]), requested)
-
-    def _take_split(self, frames: np.ndarray, index: np.ndarray, flat: np.ndarray, cold: bool) -> None:
-        """``flat[:] = frames[index]`` (raw frames), in equal parts run in parallel when it is large enough
-        or ``cold`` (its pages were requested first: the threads wait on page faults side by side)."""
-        if flat.nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
+    def _parts(self, items: int, nbytes: int, raw: bool, cold: bool) -> tuple[int, bool]:
+        """How many parts to split a read of ``items`` rows (or frames) and ``nbytes`` output into, and whether
+        they run through one parallel launch (``native.parallel``) rather than the thread pool."""
+        native = self._par is not None and self._par.CORES.usable
+        if native:
+            parts = min(self._par.CORES.threads(self.threads), nbytes // self.MIN_PART_BYTES)
+        elif raw and nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
             parts = 1
         else:
-            parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
+            parts = min(self.threads, nbytes // self.MIN_SPLIT_BYTES)
+        return max(1, min(parts, items)), native
+
+    def _pairs(self, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray, cold: bool) -> None:
+        """Both stacks of every row into ``both`` by the native kernel (``lz4.gather_pairs``: compressed frames
+        decoded, raw ones copied; a row's next_obs frames that its obs stack holds copied from the output)."""
+        lz4, par, ring = self._native, self._par, self._ring
+        assert lz4 is not None and ring is not None
+        obs = np.ascontiguousarray(obs_slots, np.int64)
+        nxt = np.ascontiguousarray(next_slots, np.int64)
+        out = both.reshape(-1).view(np.uint8)
+        args = self._kernel_args()
+        self._run(obs.shape[0], both.nbytes, not ring.compressed, cold,
+                  lambda a, b: lz4.gather_pairs(obs, nxt, a, b, out, *args),
+                  lambda bounds: par.gather_pairs(obs, nxt, bounds, out, *args))  # type: ignore[union-attr]
+
+    def _run(self, items: int, nbytes: int, raw: bool, cold: bool, part: Callable[[int, int], Any],
+             launch: Callable[[np.ndarray], np.ndarray]) -> None:
+        """A read of ``items`` rows or frames split into parts (``_parts``): ``part(a, b)`` reads items
+        ``a .. b-1`` in the calling thread, ``launch(bounds)`` all parts at once in one parallel launch; both
+        return ``(error code, slot)`` per part. In one call when there is one part or another thread is
+        launching; through the thread pool where parallel launches are unusable."""
+        parts, native = self._parts(items, nbytes, raw, cold)
+        bounds = np.arange(parts + 1, dtype=np.int64) * items // parts
+        par = self._par
+        if parts == 1 or (native and not par.CORES.begin(parts)):  # type: ignore[union-attr]
+            results = [part(0, items)]
+        elif native:
+            try:
+                results = launch(bounds).tolist()
+            finally:
+                par.CORES.end(parts)  # type: ignore[union-attr]
+        else:
+            futures = [self._workers().submit(part, int(bounds[i]), int(bounds[i + 1])) for i in range(1, parts)]
+            results = [part(0, int(bounds[1]))] + [f.result() for f in futures]
+        for err, slot in results:
+            if err:
+                raise self._error(int(err), int(slot))
+
+    def _take_split(self, frames: np.ndarray, index: np.ndarray, flat: np.ndarray, cold: bool) -> None:
+        """``flat[:] = frames[index]`` through numpy (no native kernels, or no ring), in equal parts run in
+        parallel when it is large enough or ``cold`` (its pages were requested first: the threads wait on page
+        faults side by side)."""
+        parts, _ = self._parts(index.size, flat.nbytes, True, cold)
         bounds = [index.size * i // parts for i in range(parts + 1)]
         futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
                                           flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
@@ -211,30 +260,19 @@ class FrameReader:
             self.request(index)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
-        if self._ring is not None and self._ring.compressed:
-            parts = min(self.threads, max(1, flat.nbytes // self.MIN_SPLIT_BYTES))
-            bounds = [index.size * i // parts for i in range(parts + 1)]
-            if self._native is None:
-                flat[:] = self._reference(index)
-            else:
-                args = self._kernel_args()
-                raw = flat.reshape(-1).view(np.uint8)
-                fb = self._ring.frame_bytes
-                jobs = [(index[bounds[i]:bounds[i + 1]], raw[bounds[i] * fb:bounds[i + 1] * fb])
-                        for i in range(parts)]
-                futures = [self._workers().submit(self._native.gather, s, o, *args) for s, o in jobs[1:]]
-                results = [self._native.gather(jobs[0][0], jobs[0][1], *args)] + [f.result() for f in futures]
-                for err, slot in results:
-                    if err:
-                        raise self._error(int(err), int(slot))
+        lz4, par, ring = self._native, self._par, self._ring
+        if lz4 is not None and ring is not None:
+            args = self._kernel_args()
+            raw = flat.reshape(-1).view(np.uint8)
+            fb = ring.frame_bytes
+            self._run(index.size, flat.nbytes, not ring.compressed, requested,
+                      lambda a, b: lz4.gather(index[a:b], raw[a * fb:b * fb], *args),
+                      lambda bounds: par.gather(index, bounds, raw, *args))  # type: ignore[union-attr]
+        elif self._ring is not None and self._ring.compressed:
+            flat[:] = self._reference(index)
         else:
             self._take_split(frames, index, flat, requested)
-        if self.prefetch_io == "auto":
-            if requested:
-                self._cold_batches -= 1
-            elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
-                self._cold_batches = self.PROBE_EVERY
-                self._read_ahead()
+        self._count_faults(requested, faults)
         return out
 
     def _read_ahead(self) -> None:
@@ -257,28 +295,6 @@ class FrameReader:
         assert ring is not None
         return (ring.raw_frames, ring.comp_bytes, ring.comp_words, ring.frame_kind, ring.comp_table, ring.comp_end,
                 ring.rows_alloc, ring.cstride, ring.frame_bytes)
-
-    def _decode(self, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray) -> None:
-        """``_take`` for a ring with compressed chunks: rows split between threads, each decoding its rows'
-        frames straight into ``both`` (a row's shared obs/next_obs frames decoded once)."""
-        lz4 = self._native
-        if lz4 is None:
-            flat = both.reshape((-1,) + both.shape[3:])
-            flat[:] = self._reference(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
-            return
-        obs = np.ascontiguousarray(obs_slots, np.int64)
-        nxt = np.ascontiguousarray(next_slots, np.int64)
-        out = both.reshape(-1).view(np.uint8)
-        args = self._kernel_args()
-        b = obs.shape[0]
-        parts = max(1, min(self.threads, b // self.MIN_SPLIT_ROWS))
-        bounds = [b * i // parts for i in range(parts + 1)]
-        futures = [self._workers().submit(lz4.gather_pairs, obs, nxt, bounds[i], bounds[i + 1], out, *args)
-                   for i in range(1, parts)]
-        results = [lz4.gather_pairs(obs, nxt, 0, bounds[1], out, *args)] + [f.result() for f in futures]
-        for err, slot in results:
-            if err:
-                raise self._error(int(err), int(slot))
 
     def take(self, slots: np.ndarray) -> np.ndarray:
         """Frames at ``slots`` (any shape) as a new array ``slots.shape + frame shape``."""

@@ -1,0 +1,127 @@
+"""A batch's frames read on several cores in one call: the frame kernels of ``lz4`` run over parts of a
+batch at once through numba's ``parallel=True`` (its OpenMP or TBB threading layer).
+
+Why not Python threads: handing a part to a thread pool and waiting for it costs ~90 us per batch
+here (submit, wake-up, the GIL passed back and forth), as much as half the copy it parallelizes; an
+OpenMP launch costs ~3 us. A batch of 32 Atari stacks (1.8 MB) measured on 2 cores: 173 us in one
+thread, 81 us in two through one launch (raw frames); 255 us and 132 us decoding compressed ones.
+
+numba's threading layers are process-wide and come with rules, which ``Cores`` keeps:
+
+- The *workqueue* layer (what numba falls back to without an OpenMP runtime, libgomp on Linux, or
+  TBB) takes ~230 us per launch and aborts the process when two threads launch at once. The first
+  launch tells which layer numba chose; from then on only OpenMP or TBB launch, otherwise the caller
+  splits its batch some other way (``FrameReader`` uses its thread pool).
+- Two threads launching at once (``batches()``'s prefetch thread and the caller): one lock, taken
+  without waiting; a thread that does not get it reads in its own thread.
+- GNU OpenMP terminates a process forked after a launch when that child launches (a
+  ``DataLoader`` worker, a ``multiprocessing`` fork): a child of a process that launched never
+  launches.
+- Each launch asks for as many threads as it has parts (numba's thread count is per calling thread,
+  set back afterwards), so a machine with many cores does not wake all of them for two parts.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numba as nb
+import numpy as np
+
+from .lz4 import gather as gather_frames
+from .lz4 import gather_pairs as gather_pair_rows
+
+SAFE_LAYERS = ("omp", "tbb")
+
+
+@nb.njit(nogil=True, parallel=True, cache=True)
+def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, bounds: np.ndarray, out: np.ndarray,
+                 raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray,
+                 data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> np.ndarray:
+    """``lz4.gather_pairs`` for rows ``bounds[p] .. bounds[p+1]-1`` of every part ``p`` at once; returns each
+    part's ``(error code, slot)`` (all zero: fine)."""
+    parts = bounds.size - 1
+    res = np.zeros((parts, 2), np.int64)
+    for p in nb.prange(parts):
+        err, slot = gather_pair_rows(obs_slots, next_slots, bounds[p], bounds[p + 1], out, raw, comp, comp64,
+                                     kind, table, data_end, rows_alloc, cstride, fb)
+        res[p, 0] = err
+        res[p, 1] = slot
+    return res
+
+
+@nb.njit(nogil=True, parallel=True, cache=True)
+def gather(slots: np.ndarray, bounds: np.ndarray, out: np.ndarray, raw: np.ndarray, comp: np.ndarray,
+           comp64: np.ndarray, kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int,
+           cstride: int, fb: int) -> np.ndarray:
+    """``lz4.gather`` of ``slots[bounds[p]:bounds[p+1]]`` into the matching bytes of ``out``, every part ``p``
+    at once; returns each part's ``(error code, slot)``."""
+    parts = bounds.size - 1
+    res = np.zeros((parts, 2), np.int64)
+    for p in nb.prange(parts):
+        a, b = bounds[p], bounds[p + 1]
+        err, slot = gather_frames(slots[a:b], out[a * fb:b * fb], raw, comp, comp64, kind, table, data_end,
+                                  rows_alloc, cstride, fb)
+        res[p, 0] = err
+        res[p, 1] = slot
+    return res
+
+
+class Cores:
+    """Whether a parallel kernel may be launched now, from this thread (see the module's rules).
+
+    ``begin()`` True: launch, then ``end()``. False: do the work another way."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._usable = True
+        self._launched = False
+        self._max_threads = int(nb.config.NUMBA_NUM_THREADS)
+        self._restore = 0
+        self.launches = 0  # parallel launches so far (tests check that a read took this path)
+
+    @property
+    def usable(self) -> bool:
+        """False once launching is known to be unsafe or slow here (and from then on)."""
+        return self._usable
+
+    def threads(self, wanted: int) -> int:
+        """How many parts a launch may run at once (numba's thread count caps it)."""
+        return max(1, min(wanted, self._max_threads))
+
+    def begin(self, parts: int) -> bool:
+        if not self._usable or not self._lock.acquire(blocking=False):
+            return False
+        if not self._usable:  # (a launch that ended just before found the layer unsafe)
+            self._lock.release()
+            return False
+        # numba's thread count for this thread: all of them unless set lower; ask for fewer only when
+        # there are more than the parts (reading and setting it back costs ~5 us)
+        self._restore = nb.get_num_threads() if parts < self._max_threads else parts
+        if self._restore > parts:
+            nb.set_num_threads(parts)
+        return True
+
+    def end(self, parts: int) -> None:
+        try:
+            if self._restore > parts:
+                nb.set_num_threads(self._restore)
+            self.launches += 1
+            if not self._launched:
+                self._launched = True
+                if nb.threading_layer() not in SAFE_LAYERS:
+                    self._usable = False
+        finally:
+            self._lock.release()
+
+    def forked(self) -> None:
+        """In a forked child: never launch if the parent did (GNU OpenMP would terminate the child)."""
+        self._lock = threading.Lock()  # a lock held by a parent's thread at the fork stays held in the child
+        if self._launched:
+            self._usable = False
+
+
+CORES = Cores()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=CORES.forked)

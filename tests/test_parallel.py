@@ -1,0 +1,158 @@
+"""Frames read by one parallel launch (``native.parallel``) are the frames read in one thread, and the
+launcher's rules hold: an unsafe threading layer is used once and never again, a forked child of a
+process that launched reads in its own thread, a thread that finds another launching reads alone."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import numpy as np
+import pytest
+from compression_helpers import atari_frames
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_compression import _compressed_chunk, _flip, drive
+
+import mmreplay as mr
+from mmreplay.native import parallel
+from mmreplay.reader import FrameReader
+from mmreplay.storage import framefile
+
+
+def _atari_store(path: str, compression: str | None) -> mr.ReplayStore:
+    frames = atari_frames("seaquest")[:700]
+    s = mr.ReplayStore.create(path, capacity=600, obs_shape=frames.shape[1:], stack=4, n_step=3, chunk_size=64,
+                              compression=compression, seed=0)
+    s.reset(frames[0])
+    for t in range(1, len(frames)):
+        end = t % 97 == 0
+        s.step(t % 4, float(t % 3), frames[t], end, False)
+        if end:
+            s.reset(frames[t])
+    s.commit()
+    return s
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):  # noqa: ANN201
+    root = tmp_path_factory.mktemp("parallel")
+    made = {kind: _atari_store(str(root / kind), None if kind == "raw" else "lz4") for kind in ("raw", "lz4")}
+    assert made["lz4"]._parts.log.ring.compressed  # sealed chunks whose frames are read compressed
+    yield made
+    for s in made.values():
+        s.close()
+
+
+def _readers(store: mr.ReplayStore, threads: int) -> tuple[FrameReader, FrameReader]:
+    ring = store._parts.log.ring
+    fast = FrameReader(ring.arrays["obs"], threads, False, ring=ring)
+    fast.MIN_PART_BYTES = 1  # split even one row
+    one = FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)  # numpy / numcodecs, one thread
+    return fast, one
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["raw", "lz4"]), b=st.integers(1, 40), threads=st.integers(1, 4),
+       seed=st.integers(0, 2**16))
+def test_a_parallel_read_is_the_one_thread_read(stores, kind, b, threads, seed):
+    store = stores[kind]
+    idx = store._parts.log.index
+    ids = np.random.default_rng(seed).choice(store.sampleable_ids(), b)
+    plan = idx.plan(idx.slots_of(ids))
+    fast, one = _readers(store, threads)
+    before = parallel.CORES.launches
+    got = fast.stacks(plan.obs_slots, plan.next_slots)
+    want = one.stacks(plan.obs_slots, plan.next_slots)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    slots = plan.stacks.reshape(2, -1)[:, :b * 3]  # a 2-D slot array of another length
+    np.testing.assert_array_equal(fast.gather(slots), one.gather(slots))
+    if threads > 1 and parallel.CORES.threads(threads) > 1:
+        assert parallel.CORES.launches >= before + 1 + (b > 1)  # (stacks of one row: one part)
+    fast.close()
+    one.close()
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
+    path = tmp_path / "s"
+    with mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=32,
+                               seed=0) as s:
+        drive([s], 150, 2, ends=0.02)
+    _, target = _compressed_chunk(str(path))
+    buf = framefile.read_file(target)
+    records = framefile.read_records(target, buf, 32)
+    row = int(np.flatnonzero((records["length"] < 64) & (records["length"] > 8))[0])
+    _flip(target, int(records[row]["offset"]) + 6)
+    with mr.ReplayStore.open(path, mode="r") as s:
+        ring = s._parts.log.ring
+        seq = next(q for q, name in ring.mapped.items() if target.endswith(f"{name}.obs.lz4"))
+        bad = (seq % ring.positions) * ring.rows_alloc + row
+        good = np.array([q * ring.rows_alloc + r for q in range(ring.positions) for r in range(20)
+                         if ring.frame_kind[q] >= 0 and q * ring.rows_alloc + r != bad])
+        slots = np.append(good, bad) if last else np.insert(good, 0, bad)
+        fast, _ = _readers(s, 2)
+        before = parallel.CORES.launches
+        with pytest.raises(mr.CorruptStoreError, match=f"{target}: frame {row} is damaged"):
+            fast.gather(slots)
+        assert parallel.CORES.launches == before + (parallel.CORES.threads(2) > 1)
+        fast.gather(good)  # the reader goes on serving the frames that are intact
+        fast.close()
+
+
+def test_a_thread_that_finds_another_launching_reads_alone(stores):
+    store = stores["lz4"]
+    idx = store._parts.log.index
+    plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
+    fast, one = _readers(store, 2)
+    assert parallel.CORES.begin(2)  # another thread's launch in progress
+    try:
+        before = parallel.CORES.launches
+        got = fast.stacks(plan.obs_slots, plan.next_slots)
+        assert parallel.CORES.launches == before
+    finally:
+        parallel.CORES.end(2)
+    for g, w in zip(got, one.stacks(plan.obs_slots, plan.next_slots), strict=True):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_an_unsafe_threading_layer_is_launched_once(monkeypatch):
+    cores = parallel.Cores()
+    monkeypatch.setattr(parallel.nb, "threading_layer", lambda: "workqueue")
+    assert cores.usable and cores.begin(2)
+    cores.end(2)
+    assert not cores.usable and not cores.begin(2)
+
+
+def test_a_safe_threading_layer_stays_usable(monkeypatch):
+    cores = parallel.Cores()
+    monkeypatch.setattr(parallel.nb, "threading_layer", lambda: "omp")
+    assert cores.begin(2)
+    cores.end(2)
+    assert cores.usable and cores.begin(2)
+    cores.end(2)
+
+
+def _child_sample(path: str, q: multiprocessing.Queue) -> None:
+    with mr.ReplayStore.open(path, mode="r", seed=3) as s:
+        b = s.sample(32)
+        q.put((parallel.CORES.usable, parallel.CORES.launches, b.obs.tobytes(), b.next_obs.tobytes()))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork() is POSIX-only")
+def test_a_forked_child_of_a_launching_process_reads_in_its_own_thread(stores):
+    path = stores["lz4"].path
+    with mr.ReplayStore.open(path, mode="r", seed=3) as s:
+        want = s.sample(32)
+    launched = parallel.CORES.launches > 0
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_sample, args=(path, q))
+    p.start()
+    usable, launches, obs, nxt = q.get(timeout=60)
+    p.join(60)
+    assert p.exitcode == 0
+    assert obs == want.obs.tobytes() and nxt == want.next_obs.tobytes()
+    if launched:  # (always, where numba has a safe layer)
+        assert not usable
