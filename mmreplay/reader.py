@@ -191,9 +191,10 @@ class FrameReader:
     def _parts(self, items: int, nbytes: int, raw: bool, cold: bool) -> tuple[int, bool]:
         """How many parts to split a read of ``items`` rows (or frames) and ``nbytes`` output into, and whether
         they run through one parallel launch (``native.parallel``) rather than the thread pool."""
-        native = self._par is not None and self._par.CORES.usable
-        if native:
-            parts = min(self._par.CORES.threads(self.threads), nbytes // self.MIN_PART_BYTES)
+        cores = self._par.CORES if self._par is not None else None
+        native = cores is not None and cores.usable
+        if cores is not None and native:
+            parts = min(cores.threads(self.threads), nbytes // self.MIN_PART_BYTES)
         elif raw and nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
             parts = 1
         else:

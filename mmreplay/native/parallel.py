@@ -77,7 +77,7 @@ class Cores:
         self._lock = threading.Lock()
         self._usable = True
         self._launched = False
-        self._max_threads = int(nb.config.NUMBA_NUM_THREADS)
+        self._max_threads = int(nb.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
         self._restore = 0
         self.launches = 0  # parallel launches so far (tests check that a read took this path)
 
