@@ -124,6 +124,20 @@ def test_any_valid_block_decodes_as_the_spec_says(case):
         assert err == 0 and got == want
 
 
+@pytest.mark.parametrize("ml", [4, 17, 33, 64, 65, 100, 257, 600])
+def test_every_short_offset_and_length_decodes_as_the_spec_says(ml):
+    """Matches close behind their output, at every offset up to past ``FAR``: the copies that switch to
+    reading whole periods further back must give what a byte-by-byte copy gives, at the block's end too."""
+    lit = bytes(range(1, 201))
+    for off in range(1, K.FAR + 20):
+        for tail in (0, 5, 30):
+            block = build_block([(lit, off, ml)], bytes(range(7, 7 + tail)))
+            want = spec_decode(block, len(lit) + ml + tail)
+            for before, after in ((0, 0), (3, 40)):
+                err, got = kernel_decode(block, len(want), before, after)
+                assert err == 0 and got == want, (off, ml, tail)
+
+
 @given(sequences(rules=True))
 @SETTINGS
 def test_blocks_decode_as_python_lz4_and_numcodecs_decode_them(case):

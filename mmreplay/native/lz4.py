@@ -36,6 +36,11 @@ from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4,
 from .crc32c import crc32c
 
 MIN_MATCH = 4
+# A long match whose source is less than this far behind reads, past its first FAR bytes, from a whole
+# number of periods >= FAR bytes back: a 16-byte load from just behind the output would straddle two
+# stores still in flight, which the CPU cannot forward (a stall of ~10 cycles per step). Pong's long runs
+# of short patterns decoded ~2x faster.
+FAR = 64
 
 
 @nb.njit(nogil=True, cache=True)
@@ -102,8 +107,12 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
         s = op - off
         if off >= 16 and oend - op - ml >= 16:  # 16-byte steps, each reading bytes already final
             j = 0
-            while j < ml:
+            far = off if off >= FAR else off * ((FAR + off - 1) // off)
+            while j < ml and j < far:
                 copy16(out, op + j, out, s + j)
+                j += 16
+            while j < ml:  # a long match close behind: read whole periods >= FAR bytes back (see FAR)
+                copy16(out, op + j, out, op + j - far)
                 j += 16
         elif off >= 8:  # 8-byte steps, each reading bytes already final
             j = 0
@@ -127,9 +136,10 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
             for j in range(first):
                 store1(out, op + j, load1(out, s + j))
             j = first
+            far = off * ((FAR + off - 1) // off)
             while j < ml:
                 if oend - op - j >= 16:
-                    copy16(out, op + j, out, op + j - period)
+                    copy16(out, op + j, out, op + j - (period if j < far else far))
                     j += 16
                 else:
                     store1(out, op + j, load1(out, op + j - period))
