@@ -157,6 +157,7 @@ class FrameReader:
         self._executor: ThreadPoolExecutor | None = None
         self._advisor = RangeAdvisor()
         self._cold_batches = 0  # > 0: requesting first; counts down to the next plain probe
+        self._bounds: dict[tuple[int, int], np.ndarray] = {}  # (items, parts) -> where each part starts
         self._read_ahead_started = False
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -221,7 +222,11 @@ class FrameReader:
         return ``(error code, slot)`` per part. In one call when there is one part or another thread is
         launching; through the thread pool where parallel launches are unusable."""
         parts, native = self._parts(items, nbytes, raw, cold)
-        bounds = np.arange(parts + 1, dtype=np.int64) * items // parts
+        bounds = self._bounds.get((items, parts))
+        if bounds is None:
+            bounds = self._bounds[(items, parts)] = np.arange(parts + 1, dtype=np.int64) * items // parts
+            if len(self._bounds) > 64:  # (batch sizes change rarely; keep the table small)
+                self._bounds.clear()
         par = self._par
         if parts == 1 or (native and not par.CORES.begin(parts)):  # type: ignore[union-attr]
             results = [part(0, items)]

@@ -156,3 +156,9 @@ def test_a_forked_child_of_a_launching_process_reads_in_its_own_thread(stores):
     assert obs == want.obs.tobytes() and nxt == want.next_obs.tobytes()
     if launched:  # (always, where numba has a safe layer)
         assert not usable
+
+
+@pytest.mark.parametrize("policy, usable", [("passive", False), (" PASSIVE ", False), ("active", True), ("", True)])
+def test_openmp_threads_that_sleep_between_launches_are_not_launched(monkeypatch, policy, usable):
+    monkeypatch.setenv("OMP_WAIT_POLICY", policy)
+    assert parallel.Cores().usable is usable

@@ -82,7 +82,9 @@ class PrioritizedSampler:
 
     def _weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
         """Importance weights (float32) of drawn slots, normalised by the largest over the store."""
-        return np.power(self.tree.get(slots) / self.tree.min_positive, -beta).astype(np.float32)
+        w = self.tree.drawn_masses(slots)
+        w /= self.tree.min_positive
+        return np.power(w, -beta, out=w).astype(np.float32)
 
     def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
                    pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:

@@ -133,6 +133,12 @@ class SumTree:
         arr = self._indices(idx, "idx", allow_nd=True)
         return self._leaf_array()[arr]
 
+    def drawn_masses(self, leaves: np.ndarray) -> np.ndarray:
+        """``get(leaves)`` without validating ``leaves`` (int64, known to be in range: leaves this tree's
+        sampling returned, or ring slots of the store it serves); a new array. Every prioritized draw reads
+        its batch's masses for the weights."""
+        return self._leaf_array()[leaves]
+
     def __getitem__(self, idx: Any) -> Any:
         if isinstance(idx, slice):
             return self._leaf_array()[: self._capacity][idx].copy()

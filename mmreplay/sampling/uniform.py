@@ -58,8 +58,10 @@ class UniformSampler:
         out = np.empty(0, np.int64)
         while out.size < batch_size:
             cand = rng.integers(lo, hi, size=batch_size - out.size, dtype=np.int64)
-            cand = cand[idx.valid_in_range(cand)]
-            out = np.concatenate([out, cand])
+            ok = idx.valid_in_range(cand)
+            if replace and not out.size and ok.all():  # every first draw sampleable: nearly always
+                return cand, None
+            out = np.concatenate([out, cand[ok]])
             if not replace:
                 _, first = np.unique(out, return_index=True)
                 out = out[np.sort(first)]
