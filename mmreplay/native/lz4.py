@@ -86,10 +86,11 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
         ip += 2
         ml = token & 15
         if ml < 15 and off >= 16 and off <= op - o0 and oend - op >= 32:
-            # the common case (a short match from at least 16 bytes back): two 16-byte copies, the
-            # second reading bytes the first made final
+            # the common case (a short match from at least 16 bytes back): one or two 16-byte copies,
+            # the second reading bytes the first made final
             copy16(out, op, out, op - off)
-            copy16(out, op + 16, out, op - off + 16)
+            if ml + MIN_MATCH > 16:  # (only then: from less than 32 back, this load overlaps the store just
+                copy16(out, op + 16, out, op - off + 16)  # made, which stalls until it is written)
             op += ml + MIN_MATCH
             continue
         if ml == 15:
