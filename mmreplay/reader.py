@@ -1,10 +1,10 @@
-"""Reading frame stacks out of the ring: output recycling and reads split across threads.
+"""Reading frame stacks out of the ring: output recycling and reads split across cores.
 
 All reads of frames go through ``FrameReader``: ``stacks`` for sampled batches, ``gather`` for any
 slot array read for sampling (sequences), ``take`` for anything else (current state, episodes,
-exports). Raw chunks are a memory copy (``np.take``); in a
-store with compressed chunks one native kernel per thread decodes compressed frames (and copies raw
-ones: the open chunk, chunks not compressed yet) straight into the output buffer.
+exports). One native kernel per part of a read decodes the frames of compressed chunks and copies
+raw ones (the open chunk, chunks not compressed yet, stores without compression) straight into the
+output buffer; numpy (``np.take``) and numcodecs do it where numba is missing.
 """
 
 from __future__ import annotations
@@ -189,18 +189,19 @@ class FrameReader:
                 self._cold_batches = self.PROBE_EVERY
                 self._read_ahead()
 
-    def _parts(self, items: int, nbytes: int, raw: bool, cold: bool) -> tuple[int, bool]:
+    def _parts(self, items: int, nbytes: int, raw: bool, cold: bool, pool: bool = False) -> tuple[int, bool]:
         """How many parts to split a read of ``items`` rows (or frames) and ``nbytes`` output into, and whether
-        they run through one parallel launch (``native.parallel``) rather than the thread pool."""
-        cores = self._par.CORES if self._par is not None else None
-        native = cores is not None and cores.usable
-        if cores is not None and native:
+        they run through one parallel launch (``native.parallel``) rather than the thread pool (``pool``:
+        always the pool)."""
+        cores = self._par.CORES if self._par is not None and not pool else None
+        launched = cores is not None and cores.usable
+        if cores is not None and launched:
             parts = min(cores.threads(self.threads), nbytes // self.MIN_PART_BYTES)
         elif raw and nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
             parts = 1
         else:
             parts = min(self.threads, nbytes // self.MIN_SPLIT_BYTES)
-        return max(1, min(parts, items)), native
+        return max(1, min(parts, items)), launched
 
     def _pairs(self, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray, cold: bool) -> None:
         """Both stacks of every row into ``both`` by the native kernel (``lz4.gather_pairs``: compressed frames
@@ -221,16 +222,16 @@ class FrameReader:
         ``a .. b-1`` in the calling thread, ``launch(bounds)`` all parts at once in one parallel launch; both
         return ``(error code, slot)`` per part. In one call when there is one part or another thread is
         launching; through the thread pool where parallel launches are unusable."""
-        parts, native = self._parts(items, nbytes, raw, cold)
+        parts, launched = self._parts(items, nbytes, raw, cold)
         bounds = self._bounds.get((items, parts))
         if bounds is None:
             bounds = self._bounds[(items, parts)] = np.arange(parts + 1, dtype=np.int64) * items // parts
             if len(self._bounds) > 64:  # (batch sizes change rarely; keep the table small)
                 self._bounds.clear()
         par = self._par
-        if parts == 1 or (native and not par.CORES.begin(parts)):  # type: ignore[union-attr]
+        if parts == 1 or (launched and not par.CORES.begin(parts)):  # type: ignore[union-attr]
             results = [part(0, items)]
-        elif native:
+        elif launched:
             try:
                 results = launch(bounds).tolist()
             finally:
@@ -246,7 +247,7 @@ class FrameReader:
         """``flat[:] = frames[index]`` through numpy (no native kernels, or no ring), in equal parts run in
         parallel when it is large enough or ``cold`` (its pages were requested first: the threads wait on page
         faults side by side)."""
-        parts, _ = self._parts(index.size, flat.nbytes, True, cold)
+        parts, _ = self._parts(index.size, flat.nbytes, True, cold, pool=True)
         bounds = [index.size * i // parts for i in range(parts + 1)]
         futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
                                           flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
