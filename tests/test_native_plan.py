@@ -1,4 +1,4 @@
-"""``native.plan`` and ``native.gather`` against ``Index.plan`` + ``batch.assemble``, on real stores.
+"""``native.plan`` and the frame reader against ``Index.plan`` + ``batch.assemble``, on real stores.
 
 Hypothesis writes stores of every shape the plan arithmetic depends on (stack, n-step, pad mode,
 vector envs, chunk sizes small enough that stacks and windows cross chunks and the ring wraps and
@@ -19,7 +19,6 @@ import mmreplay as mr
 from mmreplay import index as index_module
 from mmreplay.batch import assemble, nstep_returns_numpy
 from mmreplay.native import plan as native_plan
-from mmreplay.native.gather import gather_stacks
 
 
 def internals(store: mr.ReplayStore):
@@ -102,16 +101,13 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
         value, ref = getattr(got, name), getattr(want, name)
         assert value.dtype == ref.dtype or (value.dtype == np.int64 and ref.dtype.kind == "i"), name
         np.testing.assert_array_equal(value, ref, err_msg=name)
-    # the gather and the returns against the numpy path
+    # the frames (the reader's native kernels) and the returns against the numpy path
     ids = idx.ids_of(slots)
     batch = assemble(want, arrays, ids, discounts, (), reader)
     frames = arrays["obs"]
-    out = np.full((2, slots.size, idx.stack) + frames.shape[1:], 77, frames.dtype)  # garbage where padding goes
-    flat_frames = frames.reshape(frames.shape[0], -1)
-    flat_out = out.reshape(2, slots.size, idx.stack, -1)
-    half = slots.size // 2  # two calls, as two threads would split a batch
-    gather_stacks(flat_frames, got.stacks, got.pad, got.next_missing, flat_out, 0, half)
-    gather_stacks(flat_frames, got.stacks, got.pad, got.next_missing, flat_out, half, slots.size)
+    out = frames[got.stacks]  # (2, B, k, *frame)
+    out[got.pad] = 0
+    out[1][got.next_missing] = 0
     np.testing.assert_array_equal(out[0], batch.obs)
     np.testing.assert_array_equal(out[1], batch.next_obs)
     reward, discount = nstep_returns_numpy(arrays["reward"], want, discounts)

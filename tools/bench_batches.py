@@ -39,8 +39,9 @@ from bench_cold import drop_cache  # noqa: E402
 import mmreplay as mr  # noqa: E402
 from mmreplay.batch import nstep_returns_numpy  # noqa: E402
 from mmreplay.bench import fill, frame_pool, warm  # noqa: E402
-from mmreplay.native import gather, plan  # noqa: E402
+from mmreplay.native import plan  # noqa: E402
 from mmreplay.native.reference import priority_update_numpy  # noqa: E402
+from mmreplay.reader import native_kernels  # noqa: E402
 from mmreplay.sampling.numpy_sumtree import NumpySumTree  # noqa: E402
 from mmreplay.sampling.sumtree import SumTree  # noqa: E402
 
@@ -188,7 +189,7 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
     ids_sets = [valid[rng.integers(0, valid.size, b)] for _ in range(64)]
     slot_sets = [idx.slots_of(x) for x in ids_sets]
     plans = [idx.plan(x) for x in slot_sets]
-    both_stacks = [(p.stacks, p.pad) for p in plans]  # (2, B, k): what a copy kernel takes in one piece
+    both_stacks = [(p.stacks, p.pad) for p in plans]  # (2, B, k)
     for x, p in zip(slot_sets[:8], plans[:8], strict=False):  # like for like: the kernel's plan is the oracle's
         q = idx.plan_numpy(x)
         for f in PLAN_FIELDS:
@@ -210,9 +211,7 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
                     "`Index.plan` (`plan_batch`)", lambda: idx.plan(slot_sets[nxt()]), 500))
     arrays = log_.ring.arrays
     frames = arrays["obs"]
-    flat = frames.reshape(frames.shape[0], -1)
     both = np.empty((2, b, idx.stack) + frames.shape[1:], frames.dtype)
-    out = both.reshape(2, b, idx.stack, -1)
 
     def take_numpy() -> None:
         i = nxt()
@@ -226,14 +225,25 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
         if p.next_missing.any():
             both[1][p.next_missing] = 0
 
-    def take_kernel() -> None:
-        i = nxt()
-        st, pad = both_stacks[i]
-        assert st is not None and pad is not None
-        gather.gather_stacks(flat, st, pad, plans[i].next_missing, out, 0, b)
+    reader = s._reader
+    lz4 = native_kernels()
+    assert lz4 is not None
+    kernel_args = reader._kernel_args()
+    flat_out = both.reshape(-1).view(np.uint8)
 
-    rows.append(row(f"stack copy + padding, one thread, B={b} ({2 * b * idx.stack} frames; not wired)",
-                    "`np.take` + masks", take_numpy, "`gather_stacks`", take_kernel, 200))
+    def take_kernel() -> None:
+        p = plans[nxt()]
+        lz4[0].gather_pairs(p.obs_slots, p.next_slots, 0, b, flat_out, *kernel_args)
+
+    def take_reader() -> None:
+        p = plans[nxt()]
+        reader.stacks(p.obs_slots, p.next_slots)
+
+    rows.append(row(f"both stacks of every row, one thread, B={b} ({2 * b * idx.stack} frames)",
+                    "`np.take` + masks", take_numpy, "`lz4.gather_pairs`", take_kernel, 200))
+    rows.append(row(f"both stacks of every row, the store's reader, B={b}",
+                    "`np.take` + masks (one thread)", take_numpy,
+                    f"`FrameReader.stacks` (`parallel.gather_pairs`, {reader.threads} threads)", take_reader, 200))
     reward = arrays["reward"]
     discounts = s._discounts
 
@@ -281,18 +291,17 @@ def _tree_row(leaves: int, b: int, rng: np.random.Generator) -> list[str]:
 
 # ---- numba: import, first compile, cache -------------------------------------------------------------
 
-# The kernels of the batch path (and gather_stacks, measured above), called with the argument types the
-# store passes them.
+# The kernels of the batch path, called with the argument types the store passes them.
 NUMBA_CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
 import numba
 t1 = time.perf_counter()
 import numpy as np
-from mmreplay.native import gather, plan, priorities, sumtree
+from mmreplay.native import lz4, parallel, plan, priorities, sumtree
 kernels = [sumtree.check_set, sumtree.tree_set, sumtree.tree_load, sumtree.tree_flush, sumtree.tree_find,
            sumtree.tree_stratified, sumtree.tree_proportional, priorities.priority_update, plan.plan_batch,
-           plan.nstep_returns, gather.gather_stacks]
+           plan.nstep_returns, lz4.gather_pairs, parallel.gather_pairs]
 t2 = time.perf_counter()
 ist, fst = sumtree.new_state(5000)
 sumtree.tree_load(ist, fst, np.ones(5000))
@@ -304,7 +313,11 @@ cfg = plan.config(1, 64, 64, 4, 4, 3, False, False, 0, 200)
 flags = np.zeros(256, np.uint8); epos = np.full(256, 10, np.int32); seq = np.arange(4)
 st, pad, rs, rw, m, ends = plan.plan_batch(np.array([20, 30]), flags, epos, seq, cfg, np.ones(3))
 plan.nstep_returns(np.zeros(256, np.float32), rs, rw, np.ones(4, np.float32), m, ends[0])
-gather.gather_stacks(np.zeros((256, 7056), np.uint8), st, pad, ends[2], np.empty((2, 2, 4, 7056), np.uint8), 0, 2)
+raw = np.zeros(256 * 7056, np.uint8); kind = np.zeros(4, np.int8); z = np.zeros(4, np.int64)
+comp = np.zeros(8, np.uint8); out = np.empty(2 * 2 * 4 * 7056, np.uint8)
+args = (raw, comp, comp.view(np.int64), kind, z, z, 64, 0, 7056)
+lz4.gather_pairs(st[0], st[1], 0, 2, out, *args)
+parallel.gather_pairs(st[0], st[1], np.array([0, 1, 2]), out, *args)
 t3 = time.perf_counter()
 hits = sum(sum(k.stats.cache_hits.values()) for k in kernels)
 misses = sum(sum(k.stats.cache_misses.values()) for k in kernels)
@@ -443,9 +456,9 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> 
         "",
         "The store runs these kernels (the batch plan while its streams are in lockstep, the n-step returns,",
         "the priority update, the sum tree); the numpy references are the tests' oracles, which give the same",
-        "arrays bit for bit (tests/test_native_*.py). `gather_stacks` is not wired: the store copies stacks with",
-        "`np.take` split between its reader's threads (compressed chunks: its LZ4 kernel decodes into the",
-        "batch); its row compares one thread of each, the copy the kernel would have to beat.",
+        "arrays bit for bit (tests/test_native_*.py). The stacks rows: `lz4.gather_pairs` copies raw frames and",
+        "decodes compressed ones; a row's next_obs frames its obs stack holds are copied from the output. The",
+        "store's reader runs it over the batch's parts on both cores in one parallel launch.",
         f"Per call, microseconds, best of 5 repeats over 64 rotating random batches of the {args.capacity:,}"
         " store above (warm).",
         "",
@@ -454,8 +467,8 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> 
         f"numba {first['numba']}: `import numba` {med('numba_import_s', again) * 1e3:.0f} ms; `import mmreplay`"
         f" {med('mmreplay_s', imports) * 1e3:.0f} ms in all (numba included: the index and the sum tree import"
         " their kernels);",
-        f"first calls of the {first['kernels']} kernels of the table (the sum tree's {first['kernels'] - 4}, the plan,"
-        f" the returns, the priority update, the gather) in a process with an empty cache (compilation): {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
+        f"first calls of the {first['kernels']} kernels of the table (the sum tree's {first['kernels'] - 5}, the plan,"
+        f" the returns, the priority update, the stack copy in one thread and in one parallel launch) in a process with an empty cache (compilation): {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
         f"the same in a new process with the cache (`cache=True`, in `mmreplay/native/__pycache__` or"
         f" `NUMBA_CACHE_DIR`): {med('first_calls_s', again) * 1e3:.0f} ms,"
         f" {again[0]['cache_hits']} signatures loaded from the cache and {misses_again} compiled again in"
