@@ -6,6 +6,7 @@ nothing. Messages say what was expected, what came, and what to change.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -254,6 +255,7 @@ def sequences_fit(count: int, length: int, state_bytes: int) -> None:
                          " sequences")
 
 
+@functools.cache  # (the machine's memory does not change; every sample() checks its batch size against it)
 def _memory_budget() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
