@@ -162,3 +162,45 @@ def test_a_forked_child_of_a_launching_process_reads_in_its_own_thread(stores):
 def test_openmp_threads_that_sleep_between_launches_are_not_launched(monkeypatch, policy, usable):
     monkeypatch.setenv("OMP_WAIT_POLICY", policy)
     assert parallel.Cores().usable is usable
+
+
+def test_only_the_first_launching_thread_launches_while_it_lives(monkeypatch):
+    import threading
+
+    cores = parallel.Cores()
+    monkeypatch.setattr(parallel.nb, "threading_layer", lambda: "omp")
+    release, launched = threading.Event(), threading.Event()
+
+    def first() -> None:
+        assert cores.begin(2)
+        cores.end(2)
+        launched.set()
+        release.wait(30)
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert launched.wait(30)
+    assert not cores.begin(2)  # the first launcher is alive: this thread reads in its own thread
+    release.set()
+    t.join(30)
+    assert cores.begin(2)  # it ended: this thread launches from now on
+    cores.end(2)
+    assert cores.usable
+
+
+def test_a_second_thread_reads_the_same_frames_without_launching(stores):
+    import threading
+
+    store = stores["raw"]
+    idx = store._parts.log.index
+    plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
+    fast, one = _readers(store, 2)
+    fast.stacks(plan.obs_slots, plan.next_slots)  # this thread launches (or launched before)
+    before = parallel.CORES.launches
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(fast.stacks(plan.obs_slots, plan.next_slots)))
+    t.start()
+    t.join(60)
+    assert parallel.CORES.launches == before
+    for g, w in zip(got[0], one.stacks(plan.obs_slots, plan.next_slots), strict=True):
+        np.testing.assert_array_equal(g, w)
