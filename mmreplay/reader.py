@@ -192,8 +192,14 @@ class FrameReader:
     def _parts(self, items: int, nbytes: int, raw: bool, cold: bool, pool: bool = False) -> tuple[int, bool]:
         """How many parts to split a read of ``items`` rows (or frames) and ``nbytes`` output into, and whether
         they run through one parallel launch (``native.parallel``) rather than the thread pool (``pool``:
-        always the pool)."""
-        cores = self._par.CORES if self._par is not None and not pool else None
+        always the pool).
+
+        Cold reads (their pages requested first) go to the pool: their threads mostly wait on page faults,
+        and ``batches()`` then copies two batches at once, one in the caller's thread and one in its
+        prefetch thread, which cannot launch. Measured cold at 100K (raw Atari frames, 150 batches after
+        dropping the page cache): with launches, sample() 518-548 batches/s and batches(2) 496-508; through
+        the pool, sample() 452-489 and batches(2) 578-604: ``batches()`` is the way to read from disk."""
+        cores = self._par.CORES if self._par is not None and not pool and not cold else None
         launched = cores is not None and cores.usable
         if cores is not None and launched:
             parts = min(cores.threads(self.threads), nbytes // self.MIN_PART_BYTES)
@@ -220,8 +226,8 @@ class FrameReader:
              launch: Callable[[np.ndarray], np.ndarray]) -> None:
         """A read of ``items`` rows or frames split into parts (``_parts``): ``part(a, b)`` reads items
         ``a .. b-1`` in the calling thread, ``launch(bounds)`` all parts at once in one parallel launch; both
-        return ``(error code, slot)`` per part. In one call when there is one part or another thread is
-        launching; through the thread pool where parallel launches are unusable."""
+        return ``(error code, slot)`` per part. In one call when there is one part or another thread
+        launches; through the thread pool where parallel launches are unusable, and for cold reads."""
         parts, launched = self._parts(items, nbytes, raw, cold)
         bounds = self._bounds.get((items, parts))
         if bounds is None:
