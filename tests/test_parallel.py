@@ -204,3 +204,37 @@ def test_a_second_thread_reads_the_same_frames_without_launching(stores):
     assert parallel.CORES.launches == before
     for g, w in zip(got[0], one.stacks(plan.obs_slots, plan.next_slots), strict=True):
         np.testing.assert_array_equal(g, w)
+
+
+def test_the_faster_way_is_used_and_the_other_is_tried_now_and_then():
+    from mmreplay.reader import WayChooser
+
+    w = WayChooser()
+    assert [w.pick() for _ in range(3)] == [(0, False)] * 3  # launches first
+    assert w.pick() == (1, True)  # then measures the other way once
+    w.record(0, 1e-3, 1000, False)
+    w.record(1, 2e-3, 1000, True)
+    picks = [w.pick() for _ in range(2 * w.PROBE)]
+    probes = [i for i, (way, probed) in enumerate(picks) if probed]
+    assert all(p == (0, False) for i, p in enumerate(picks) if i not in probes)
+    assert len(probes) == 2 and all(picks[i] == (1, True) for i in probes)
+    for _ in range(20):  # launches turn slow (other processes keep the cores busy): averaged in
+        w.record(0, 5e-3, 1000, False)
+    assert w.pick()[0] == 1
+    w.record(0, 0.5e-3, 1000, True)  # a probe is taken as measured: launching is faster again
+    assert w.pick() == (0, False)
+
+
+def test_a_reader_whose_launches_are_slow_reads_the_same_frames_without_launching(stores):
+    store = stores["lz4"]
+    idx = store._parts.log.index
+    plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
+    fast, one = _readers(store, 2)
+    fast._ways.cost = [1.0, 1e-9]  # as measured under load: the other way is faster
+    fast._ways.reads = 1
+    before = parallel.CORES.launches
+    got = fast.stacks(plan.obs_slots, plan.next_slots)
+    assert parallel.CORES.launches == before
+    assert fast._ways.cost[1] != 1e-9  # the read was timed
+    for g, w in zip(got, one.stacks(plan.obs_slots, plan.next_slots), strict=True):
+        np.testing.assert_array_equal(g, w)
