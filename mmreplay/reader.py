@@ -118,7 +118,8 @@ def native_kernels() -> tuple[ModuleType, ModuleType] | None:
 class WayChooser:
     """Which of two ways to read a batch is faster now: 0, one parallel launch; 1, the calling thread and
     the thread pool. From what reads cost per output byte: the way in use is averaged over its recent
-    reads, the other is tried once every ``PROBE`` reads (and once early) and taken as measured.
+    reads (each clipped to 4x the average: switching takes a run of slow reads, not one), the other is
+    tried once every ``PROBE`` reads (and once early) and taken as measured.
 
     Why measure: a launch's threads spin while they wait for each other, which pays on idle cores (a
     batch of 32 Atari stacks: 2x faster) and costs when other processes keep the cores busy (the
@@ -127,6 +128,7 @@ class WayChooser:
 
     PROBE = 128
     EARLY = 4
+    WEIGHT = 0.05  # of a read in the average of the way in use
 
     def __init__(self) -> None:
         self.cost = [0.0, 0.0]  # seconds per output byte (0.0: not measured yet)
@@ -144,7 +146,10 @@ class WayChooser:
     def record(self, way: int, seconds: float, nbytes: int, probed: bool) -> None:
         c = seconds / max(1, nbytes)
         old = self.cost[way]
-        self.cost[way] = c if old == 0.0 or probed else old + 0.2 * (c - old)
+        if old == 0.0 or probed:
+            self.cost[way] = c
+        else:  # one slow read (a thread woken late) must not switch ways: clipped, and a slow average
+            self.cost[way] = old + self.WEIGHT * (min(c, 4 * old) - old)
 
 
 class FrameReader:
