@@ -210,12 +210,13 @@ class FrameReader:
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         if self._native is not None and self._ring is not None:
             self._pairs(obs_slots, next_slots, both, requested)
-        elif self._ring is not None and self._ring.compressed:
-            both.reshape((-1,) + frames.shape[1:])[:] = self._reference(
-                np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
-        else:
+        else:  # numpy: no numba, or no ring
             index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
-            self._take_split(frames, index, both.reshape((-1,) + frames.shape[1:]), requested)
+            flat = both.reshape((-1,) + frames.shape[1:])
+            if self._ring is not None and self._ring.compressed:
+                flat[:] = self._reference(index)
+            else:
+                self._take_split(frames, index, flat, requested)
         self._count_faults(requested, faults)
         return both[0], both[1]  # C-contiguous views of one buffer
 

@@ -189,7 +189,6 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
     ids_sets = [valid[rng.integers(0, valid.size, b)] for _ in range(64)]
     slot_sets = [idx.slots_of(x) for x in ids_sets]
     plans = [idx.plan(x) for x in slot_sets]
-    both_stacks = [(p.stacks, p.pad) for p in plans]  # (2, B, k)
     for x, p in zip(slot_sets[:8], plans[:8], strict=False):  # like for like: the kernel's plan is the oracle's
         q = idx.plan_numpy(x)
         for f in PLAN_FIELDS:
@@ -214,10 +213,9 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
     both = np.empty((2, b, idx.stack) + frames.shape[1:], frames.dtype)
 
     def take_numpy() -> None:
-        i = nxt()
-        p, st = plans[i], both_stacks[i][0]
-        assert st is not None
-        np.take(frames, st.reshape(-1), axis=0, out=both.reshape((-1,) + frames.shape[1:]), mode="clip")
+        p = plans[nxt()]
+        assert p.stacks is not None  # (2, B, k)
+        np.take(frames, p.stacks.reshape(-1), axis=0, out=both.reshape((-1,) + frames.shape[1:]), mode="clip")
         if p.obs_pad.any():
             both[0][p.obs_pad] = 0
         if p.next_pad.any():
@@ -226,14 +224,15 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
             both[1][p.next_missing] = 0
 
     reader = s._reader
-    lz4 = native_kernels()
-    assert lz4 is not None
+    kernels = native_kernels()
+    assert kernels is not None
+    lz4 = kernels[0]
     kernel_args = reader._kernel_args()
     flat_out = both.reshape(-1).view(np.uint8)
 
     def take_kernel() -> None:
         p = plans[nxt()]
-        lz4[0].gather_pairs(p.obs_slots, p.next_slots, 0, b, flat_out, *kernel_args)
+        lz4.gather_pairs(p.obs_slots, p.next_slots, 0, b, flat_out, *kernel_args)
 
     def take_reader() -> None:
         p = plans[nxt()]

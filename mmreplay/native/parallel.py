@@ -84,7 +84,6 @@ class Cores:
         # OMP_WAIT_POLICY=passive puts OpenMP's threads to sleep right after each launch: waking them took
         # ~150 us per launch here, and a batch read in two parts went 2x slower than in one thread
         self._usable = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() != "passive"
-        self._launched = False
         self._max_threads = int(nb.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
         self._restore = 0
         self.launches = 0  # parallel launches so far (tests check that a read took this path)
@@ -123,8 +122,7 @@ class Cores:
                 nb.set_num_threads(self._restore)
             self.launches += 1
             self._owner = threading.current_thread()
-            if not self._launched:
-                self._launched = True
+            if self.launches == 1:  # numba picks its layer at the first launch
                 if nb.threading_layer() not in SAFE_LAYERS:
                     self._usable = False
         finally:
@@ -133,7 +131,7 @@ class Cores:
     def forked(self) -> None:
         """In a forked child: never launch if the parent did (GNU OpenMP would terminate the child)."""
         self._lock = threading.Lock()  # a lock held by a parent's thread at the fork stays held in the child
-        if self._launched:
+        if self.launches:
             self._usable = False
 
 
