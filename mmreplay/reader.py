@@ -119,7 +119,9 @@ class WayChooser:
     """Which of two ways to read a batch is faster now: 0, one parallel launch; 1, the calling thread and
     the thread pool. From what reads cost per output byte: the way in use is averaged over its recent
     reads (each clipped to 4x the average: switching takes a run of slow reads, not one), the other is
-    tried once every ``PROBE`` reads (and once early) and taken as measured.
+    tried every ``PROBE`` reads (and once early) and taken as measured. A launch after a pause in launching
+    wakes sleeping threads (the first launch also starts them), so it is not timed: a probe of launching
+    launches twice and times the second.
 
     Why measure: a launch's threads spin while they wait for each other, which pays on idle cores (a
     batch of 32 Atari stacks: 2x faster) and costs when other processes keep the cores busy (the
@@ -129,24 +131,33 @@ class WayChooser:
     PROBE = 128
     EARLY = 4
     WEIGHT = 0.05  # of a read in the average of the way in use
+    AVERAGE, MEASURED, UNTIMED = 0, 1, 2  # how ``record`` takes a read
 
     def __init__(self) -> None:
         self.cost = [0.0, 0.0]  # seconds per output byte (0.0: not measured yet)
         self.reads = 0
 
-    def pick(self) -> tuple[int, bool]:
-        """The way for the next read, and whether it is a probe of the way not in use."""
+    def pick(self) -> tuple[int, int]:
+        """The way for the next read, and how to take its time (``AVERAGE``, ``MEASURED``, ``UNTIMED``)."""
         self.reads += 1
+        r = self.reads
         launch, other = self.cost
-        best = 0 if launch == 0.0 or other == 0.0 or launch <= other else 1
-        if (other == 0.0 and self.reads >= self.EARLY) or self.reads % self.PROBE == 0:
-            return 1 - best, True
-        return best, False
+        if r == 1:
+            return 0, self.UNTIMED  # the first launch starts the threads
+        if other == 0.0 and r >= self.EARLY:
+            return 1, self.MEASURED
+        if launch == 0.0 or other == 0.0 or launch <= other:
+            return (1, self.MEASURED) if r % self.PROBE == 0 else (0, self.AVERAGE)
+        if r % self.PROBE in (0, 1):
+            return 0, self.UNTIMED if r % self.PROBE == 0 else self.MEASURED
+        return 1, self.AVERAGE
 
-    def record(self, way: int, seconds: float, nbytes: int, probed: bool) -> None:
+    def record(self, way: int, seconds: float, nbytes: int, how: int) -> None:
+        if how == self.UNTIMED:
+            return
         c = seconds / max(1, nbytes)
         old = self.cost[way]
-        if old == 0.0 or probed:
+        if old == 0.0 or how == self.MEASURED:
             self.cost[way] = c
         else:  # one slow read (a thread woken late) must not switch ways: clipped, and a slow average
             self.cost[way] = old + self.WEIGHT * (min(c, 4 * old) - old)
@@ -269,9 +280,9 @@ class FrameReader:
         return ``(error code, slot)`` per part. In one call when there is one part or another thread
         launches; through the thread pool where parallel launches are unusable, and for cold reads."""
         parts, launched = self._parts(items, nbytes, raw, cold)
-        way, probed = -1, False
+        way, how = -1, WayChooser.AVERAGE
         if launched and parts > 1:  # (cold reads never launch; see _parts)
-            way, probed = self._ways.pick()
+            way, how = self._ways.pick()
             if way == 1:
                 parts, launched = self._parts(items, nbytes, raw, cold, pool=True)
         start = time.perf_counter()
@@ -294,7 +305,7 @@ class FrameReader:
             futures = [self._workers().submit(part, int(bounds[i]), int(bounds[i + 1])) for i in range(1, parts)]
             results = [part(0, int(bounds[1]))] + [f.result() for f in futures]
         if way >= 0:
-            self._ways.record(way, time.perf_counter() - start, nbytes, probed)
+            self._ways.record(way, time.perf_counter() - start, nbytes, how)
         for err, slot in results:
             if err:
                 raise self._error(int(err), int(slot))

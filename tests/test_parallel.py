@@ -210,19 +210,25 @@ def test_the_faster_way_is_used_and_the_other_is_tried_now_and_then():
     from mmreplay.reader import WayChooser
 
     w = WayChooser()
-    assert [w.pick() for _ in range(3)] == [(0, False)] * 3  # launches first
-    assert w.pick() == (1, True)  # then measures the other way once
-    w.record(0, 1e-3, 1000, False)
-    w.record(1, 2e-3, 1000, True)
+    avg, measured, untimed = w.AVERAGE, w.MEASURED, w.UNTIMED
+    # the first launch (it starts the threads) is not timed; then launches, then the other way once
+    assert [w.pick() for _ in range(4)] == [(0, untimed), (0, avg), (0, avg), (1, measured)]
+    w.record(0, 1e-3, 1000, avg)
+    w.record(1, 2e-3, 1000, measured)
     picks = [w.pick() for _ in range(2 * w.PROBE)]
-    probes = [i for i, (way, probed) in enumerate(picks) if probed]
-    assert all(p == (0, False) for i, p in enumerate(picks) if i not in probes)
-    assert len(probes) == 2 and all(picks[i] == (1, True) for i in probes)
+    probes = [i for i, (_, how) in enumerate(picks) if how != avg]
+    assert all(p == (0, avg) for i, p in enumerate(picks) if i not in probes)
+    assert len(probes) == 2 and all(picks[i] == (1, measured) for i in probes)
     for _ in range(60):  # launches turn slow (other processes keep the cores busy): averaged in
-        w.record(0, 5e-3, 1000, False)
-    assert w.pick()[0] == 1
-    w.record(0, 0.5e-3, 1000, True)  # a probe is taken as measured: launching is faster again
-    assert w.pick() == (0, False)
+        w.record(0, 5e-3, 1000, avg)
+    w.record(0, 1.0, 1000, untimed)  # (an untimed read changes nothing)
+    assert w.cost[0] < 5e-6
+    picks = [w.pick() for _ in range(w.PROBE + 2)]
+    assert {p for p in picks} == {(1, avg), (0, untimed), (0, measured)}
+    wake = picks.index((0, untimed))  # a probe of launching: the first wakes the threads, the second is timed
+    assert picks[wake + 1] == (0, measured)
+    w.record(0, 0.5e-3, 1000, measured)  # taken as measured: launching is faster again
+    assert w.pick() == (0, avg)
 
 
 def test_a_reader_whose_launches_are_slow_reads_the_same_frames_without_launching(stores):
