@@ -1,7 +1,7 @@
 """Batches: ``batches(prefetch=2)`` against a ``sample()`` loop (warm and cold), rows/s by batch size,
 the native kernels against their numpy references, and numba's import, compile and cache costs.
 
-Reference workload (DESIGN.md §5): 84x84 uint8 frames, stack 4, n-step 3, episodes of 100..3000
+Reference workload (BENCHMARKS.md): 84x84 uint8 frames, stack 4, n-step 3, episodes of 100..3000
 steps, filled to 1.1x capacity. Rates are measured in short alternating windows in one process
 (this machine's 2 cores are shared with other work), medians over rounds, and each ratio is the
 median of the per-round ratios. The store keeps its frames raw (``compression=None``; these generated

@@ -1,6 +1,6 @@
 """A priority update's checks, id-to-slot lookup and duplicate resolution in one pass.
 
-``store.update_priorities(ids, p)`` must (DESIGN.md §2, §2b): refuse NaN, infinite or negative
+``store.update_priorities(ids, p)`` must (SEMANTICS.md): refuse NaN, infinite or negative
 priorities and ids never issued, naming the first bad position, changing nothing; skip (and count)
 ids that were evicted or are not sampleable; let the last occurrence of a repeated id win; and
 hand the priority sampler distinct slots with their priorities and the largest of them. In numpy

@@ -1,4 +1,4 @@
-"""``mr.SumTree``: the store's sum tree as a standalone, vectorized class (DESIGN.md §3b).
+"""``mr.SumTree``: the store's sum tree as a standalone, vectorized class.
 
 Prioritized replay (Schaul et al. 2015) draws transition ``i`` with probability ``p_i / sum(p)``
 and weights it by ``(p_i / p_min) ** -beta``. A sum tree answers both in O(log n): the total, the
