@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .native.plan import nstep_returns
 from .plan import Plan
-from .reader import FrameReader
+from .reader import FrameReader, PostedStacks
 
 __all__ = ["Batch"]
 
@@ -41,12 +42,19 @@ class Batch:
 
 
 def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
-             extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None) -> Batch:
+             extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
+             posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
     """Copy a planned batch out of the ring arrays (the only place frames are read for sampling).
 
-    ``ids`` is used as the batch's ``index`` without a copy: pass an array the caller owns.
+    ``ids`` is used as the batch's ``index`` without a copy: pass an array the caller owns. ``posted``:
+    its frames, already being read (``FrameReader.post_stacks``); ``then`` runs once the frames are read.
     """
-    obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots)
+    if posted is None:
+        obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots)
+    else:
+        obs, next_obs = reader.join_stacks(posted)
+    if then is not None:
+        then()
     if plan.obs_pad.any():
         obs[plan.obs_pad] = 0
     if plan.next_pad.any():

@@ -73,13 +73,15 @@ class Drawer:
         return Draw(ids, weight, before, self._count, index.sequence_plan(index.slots_of(ids), length, head),
                     length, strict, head)
 
-    def iterator(self, draw: Callable[[], Draw], assemble: Callable[[Draw], T], index: Index,
-                 kind: tuple[int, int, bool], prefetch: int,
-                 handout: Callable[[int], None] | None = None) -> BatchIterator[T]:
+    def iterator(self, draw: Callable[[], Draw], assemble: Callable[..., T], index: Index,
+                 kind: tuple[int, int, bool], prefetch: int, handout: Callable[[int], None] | None = None,
+                 post: Callable[[Draw], Any] | None = None) -> BatchIterator[T]:
         """A prefetching iterator of draws of one ``kind`` (``Draw.kind``: batch size, sequence length or 0,
         strict). The first one after a resume first hands out the batches the committed run had drawn but
         not handed out (if they are of this kind and still sampleable), then continues from there.
-        ``handout(rows)`` runs before each batch is handed out (the rate limit)."""
+        ``handout(rows)`` runs before each batch is handed out (the rate limit); ``post(draw)`` starts
+        reading a draw's frames in the reader's helper thread, and ``assemble(draw, posted, then)`` finishes
+        such a draw (``BatchIterator``)."""
         pending: list[Draw] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
@@ -95,7 +97,7 @@ class Drawer:
         self._resume_draws = []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout)
+        it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout, post)
         self._iterators.add(it)
         return it
 

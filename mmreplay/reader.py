@@ -28,6 +28,17 @@ from .storage.ring import ChunkRing
 from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
 
+class PostedStacks:
+    """A ``FrameReader.post_stacks`` read: its task, its output, and the slot arrays it reads (kept alive
+    until joined)."""
+
+    __slots__ = ("helper", "task", "both", "obs", "nxt", "error")
+
+    def __init__(self, helper: Any, task: tuple[int, int], both: np.ndarray, obs: np.ndarray, nxt: np.ndarray) -> None:
+        self.helper, self.task, self.both, self.obs, self.nxt = helper, task, both, obs, nxt
+        self.error: tuple[int, int] | None = None  # (error code, slot) once joined
+
+
 class FramePool:
     """Recycles the memory of obs/next_obs outputs the caller no longer references.
 
@@ -163,6 +174,44 @@ class WayChooser:
             self.cost[way] = old + self.WEIGHT * (min(c, 4 * old) - old)
 
 
+class PostGate:
+    """Whether ``FrameReader.post_stacks`` posts: not while joins, the time the caller spends reading what
+    the helper has not read and waiting for the rest, cost more per byte than a plain read of the way in
+    use (``WayChooser``'s costs). A join that waits on a helper the system has descheduled (other processes
+    keep the cores busy) can take a time slice. Joins are averaged like ``WayChooser`` averages reads (each
+    clipped to 4x the average), after ``UNTIMED`` joins (a helper that had gone to sleep wakes up during
+    the first ones); once the average is over, ``OFF`` reads go through ``stacks`` (they also bring the
+    chooser's costs up to date), then posting is tried again."""
+
+    OFF = 256
+    UNTIMED = 8
+    WEIGHT = 0.05
+    SLOWER = 1.0  # joins at most this times the plain read's cost
+
+    def __init__(self) -> None:
+        self.cost = 0.0  # seconds per byte of a join (0.0: none yet)
+        self.off = 0  # reads left before posting is tried again
+        self.untimed = self.UNTIMED
+        self.times_off = 0
+
+    def open(self) -> bool:
+        if self.off:
+            self.off -= 1
+            return False
+        return True
+
+    def joined(self, per_byte: float, plain: list[float]) -> None:
+        if self.untimed:
+            self.untimed -= 1
+            return
+        c = self.cost
+        self.cost = per_byte if c == 0.0 else c + self.WEIGHT * (min(per_byte, 4 * c) - c)
+        measured = [x for x in plain if x > 0.0]
+        if measured and self.cost > self.SLOWER * min(measured):
+            self.off, self.cost, self.untimed = self.OFF, 0.0, self.UNTIMED
+            self.times_off += 1
+
+
 class FrameReader:
     """Gathers frame stacks from the ring's frame array into recycled output buffers.
 
@@ -190,6 +239,7 @@ class FrameReader:
     MIN_SPLIT_RAW_BYTES = 3 * 1024 * 1024
     PROBE_EVERY = 64
     COLD_FAULTS = 4
+    POST_CHUNKS = 64  # post_stacks: a batch's rows in up to this many runs, claimed one at a time
 
     def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto",
                  ring: ChunkRing | None = None, native: bool = True, parallel: bool = True) -> None:
@@ -209,6 +259,10 @@ class FrameReader:
         self._bounds: dict[tuple[int, int], np.ndarray] = {}  # (items, parts) -> where each part starts
         self._ways = WayChooser()  # warm reads: one launch or the pool, whichever is faster now
         self._read_ahead_started = False
+        self._helper: Any = None  # native.handoff.Helper, started by the first post_stacks
+        self._ring_fields: np.ndarray | None = None  # the ring's part of a posted task's fields
+        self._posts = 0
+        self._gate = PostGate()
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
@@ -230,6 +284,70 @@ class FrameReader:
                 self._take_split(frames, index, flat, requested)
         self._count_faults(requested, faults)
         return both[0], both[1]  # C-contiguous views of one buffer
+
+    def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> PostedStacks | None:
+        """Start reading ``stacks(obs_slots, next_slots)`` in the helper thread (``native.handoff``) and
+        return at once; ``join_stacks`` gives the two arrays. None when the read had better be made by
+        ``stacks`` when needed: no native kernels or ring; ``OMP_WAIT_POLICY=passive`` (no thread may wait
+        awake); cold data (its reads go through the fault counting and requests of ``stacks``); and while
+        ``PostGate`` has found joins slower than plain reads (the cores are busy elsewhere)."""
+        par, ring = self._par, self._ring
+        if (self._native is None or ring is None or par is None or par.CORES.passive or self.prefetch_io is True
+                or self._cold_batches > 0 or not self._gate.open()):
+            return None
+        from .native import handoff
+
+        self._posts += 1
+        if self._helper is None:
+            self._helper = handoff.Helper()
+        if self._ring_fields is None:
+            f = np.zeros(handoff.CTL_SIZE - handoff.OBS, np.int64)
+            for at, value in ((handoff.RAW, ring.raw_frames.ctypes.data), (handoff.RAW_BYTES, ring.raw_frames.size),
+                              (handoff.COMP, ring.comp_bytes.ctypes.data), (handoff.COMP_BYTES, ring.comp_bytes.size),
+                              (handoff.KIND, ring.frame_kind.ctypes.data), (handoff.TABLE, ring.comp_table.ctypes.data),
+                              (handoff.END, ring.comp_end.ctypes.data), (handoff.POSITIONS, ring.frame_kind.size),
+                              (handoff.ROWS_ALLOC, ring.rows_alloc), (handoff.CSTRIDE, ring.cstride),
+                              (handoff.FRAME_BYTES, ring.frame_bytes)):
+                f[at - handoff.OBS] = value
+            self._ring_fields = f
+        b, k = obs_slots.shape
+        both = self._pool.get((2, b, k) + self.frames.shape[1:], self.frames.dtype)
+        obs = np.ascontiguousarray(obs_slots, np.int64)
+        nxt = np.ascontiguousarray(next_slots, np.int64)
+        fields = self._ring_fields.copy()
+        o = handoff.OBS
+        fields[handoff.OBS - o] = obs.ctypes.data
+        fields[handoff.NXT - o] = nxt.ctypes.data
+        fields[handoff.ROWS - o] = b
+        fields[handoff.STACK - o] = k
+        fields[handoff.OUT - o] = both.ctypes.data
+        fields[handoff.OUT_BYTES - o] = both.nbytes
+        fields[handoff.CHUNK_ROWS - o] = max(1, b // self.POST_CHUNKS)
+        posted = PostedStacks(self._helper, (0, 0), both, obs, nxt)
+        posted.task = self._helper.post(fields, b, posted)
+        return posted
+
+    def settle(self) -> None:
+        """Wait until the helper has no read in flight (before chunks are unmapped)."""
+        if self._helper is not None:
+            self._helper.settle()
+
+    def ring_resized(self, frames: np.ndarray) -> None:
+        self.settle()
+        self.frames = frames
+        self._ring_fields = None
+
+    def join_stacks(self, posted: PostedStacks) -> tuple[np.ndarray, np.ndarray]:
+        """The stacks ``post_stacks`` started reading, once read (this thread reads what the helper has not
+        started). May be called again (the same arrays, or the same error)."""
+        if posted.error is None:
+            start = time.perf_counter()
+            err, slot = posted.helper.join(posted.task)
+            posted.error = (err, slot)
+            self._gate.joined((time.perf_counter() - start) / posted.both.nbytes, self._ways.cost)
+        if posted.error[0]:
+            raise self._error(*posted.error)
+        return posted.both[0], posted.both[1]
 
     def _count_faults(self, requested: bool, faults: int) -> None:
         """After a read: count down the requested (cold) batches, or notice that a plain one went to the disk."""
@@ -474,6 +592,8 @@ class FrameReader:
 
     def close(self) -> None:
         self._advisor.close()
+        if self._helper is not None:
+            self._helper.close()
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None

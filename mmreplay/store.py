@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,7 +41,7 @@ from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
 from .prefetch import BatchIterator, Draw
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
-from .reader import FrameReader
+from .reader import FrameReader, PostedStacks
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import SequenceBatch, assemble_sequences
@@ -70,6 +70,7 @@ class _RingEvents:
         store = self._store()
         if store is not None:
             store._drawer.drain()
+            store._reader.settle()  # (a read posted by an iterator that was dropped unclosed)
 
     def slots_cleared(self, slots: np.ndarray) -> None:
         store = self._store()
@@ -80,7 +81,7 @@ class _RingEvents:
         store = self._store()
         if store is not None:
             store._parts.sampler.ring_resized(size, moves)
-            store._reader.frames = store._parts.log.ring.arrays["obs"]
+            store._reader.ring_resized(store._parts.log.ring.arrays["obs"])
 
 
 class _Held:
@@ -432,7 +433,8 @@ class ReplayStore:
         p = _inputs.prefetch_arg(prefetch)
         beta = self._beta_arg(beta)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
-                                     self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out)
+                                     self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out,
+                                     self._post_draw)
 
     # -- rate limiting ---------------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
@@ -520,14 +522,22 @@ class ReplayStore:
         self._sync()
         return self._drawer.draw(self._parts.sampler, self._parts.log.index, b, replace, beta, plan)
 
-    def _assemble_draw(self, d: Draw) -> Batch:
-        """Copy a drawn batch's data (in the prefetch thread). Its plan was made when it was drawn, so
+    def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
+        """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
+        read by the reader's helper, ``then`` run once they are). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
         return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
-                        self._reader, d.weight)
+                        self._reader, d.weight, posted, then)
+
+    def _post_draw(self, d: Draw) -> PostedStacks | None:
+        """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see
+        ``FrameReader.post_stacks``)."""
+        if not isinstance(d.plan, Plan):
+            return None
+        return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots)
 
     def sample_sequences(self, batch_size: int, length: int, strict: bool = False,
                          beta: float | None = None) -> SequenceBatch:

@@ -83,7 +83,8 @@ class Cores:
         self._lock = threading.Lock()
         # OMP_WAIT_POLICY=passive puts OpenMP's threads to sleep right after each launch: waking them took
         # ~150 us per launch here, and a batch read in two parts went 2x slower than in one thread
-        self._usable = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() != "passive"
+        self.passive = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+        self._usable = not self.passive
         self._max_threads = int(nb.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
         self._restore = 0
         self.launches = 0  # parallel launches so far (tests check that a read took this path)
@@ -138,3 +139,11 @@ class Cores:
 CORES = Cores()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=CORES.forked)
+    # numba compiles (or loads from its cache) under one process-wide lock. A fork while another thread
+    # holds it (a prefetch or helper thread calling a kernel for the first time) would leave the child's
+    # lock held by a thread the child does not have: its first kernel call would wait forever. The forking
+    # thread takes the lock first, so no other thread holds it at the fork.
+    from numba.core.compiler_lock import global_compiler_lock as _compiling
+
+    os.register_at_fork(before=_compiling.acquire, after_in_parent=_compiling.release,
+                        after_in_child=_compiling.release)
