@@ -255,3 +255,32 @@ def test_posting_stops_while_joins_cost_more_than_plain_reads():
     assert gate.open()  # then tried again
     gate.joined(4.0, [0.0, 0.0])  # nothing to compare with: on
     assert gate.open()
+
+
+def test_two_threads_posting_through_one_reader_each_get_their_frames(stores):
+    store = stores["lz4"]
+    ring = store._parts.log.ring
+    reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+    plans = [[_plan(store, 8 + t, 100 * t + i) for i in range(100)] for t in range(2)]
+    want = [[_reference(store).stacks(p.obs_slots, p.next_slots) for p in ps] for ps in plans]
+    bad: list[tuple[int, int]] = []
+
+    def run(t: int) -> None:
+        for i, p in enumerate(plans[t]):
+            posted = reader.post_stacks(p.obs_slots, p.next_slots)
+            if posted is None:
+                bad.append((t, -i))
+                continue
+            got = reader.join_stacks(posted)
+            if not all(np.array_equal(g, w) for g, w in zip(got, want[t][i], strict=True)):
+                bad.append((t, i))
+
+    import threading
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    reader.close()
+    assert bad == []

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -220,6 +222,7 @@ class Helper:
     def __init__(self) -> None:
         _HELPERS.add(self)
         self.ctl = np.zeros(CTL_SIZE, np.int64)
+        self._posting = threading.Lock()
         self._seq = 0
         self._thread: Any = None
         self._wake: Any = None
@@ -230,8 +233,6 @@ class Helper:
         self.parks = 0  # by the helper, so far (tests check that it took part)
 
     def _start(self) -> None:
-        import threading
-        import time
 
         if not self._spins:  # pauses per SPIN_SECONDS on this CPU (~10-150 cycles each): timed once
             serve(self.ctl, 1)  # (the first call loads the kernel)
@@ -258,6 +259,7 @@ class Helper:
 
     def forked(self) -> None:
         """In a forked child: the parent's thread is gone (with any task it was reading), start afresh."""
+        self._posting = threading.Lock()
         self.ctl[:] = 0
         self._thread = None
         self._current = self._keep = None
@@ -266,23 +268,26 @@ class Helper:
         """Start a task (``fields``: ``ctl[OBS:]``, after the last task was joined); returns its ``(seq,
         chunks)`` for ``join``. ``keep`` (what holds the arrays the fields point into) is referenced until
         the next post or ``settle``, so a caller that drops its task unjoined frees nothing in use."""
-        if self._thread is None or not self._thread.is_alive():
-            self._start()
-        self.settle()
-        self._seq = (self._seq + 1) % SEQ_WRAP
-        chunk_rows = int(fields[CHUNK_ROWS - OBS])
-        chunks = -(-rows // chunk_rows)
-        self._current = (self._seq, chunks)
-        self._keep = keep
-        if post(self.ctl, self._seq, chunks, fields):
-            self._wake.set()
-        return self._current
+        with self._posting:  # (two threads posting through one reader: one after the other)
+            if self._thread is None or not self._thread.is_alive():
+                self._start()
+            self.settle()
+            self._seq = (self._seq + 1) % SEQ_WRAP
+            chunk_rows = int(fields[CHUNK_ROWS - OBS])
+            chunks = -(-rows // chunk_rows)
+            task = self._current = (self._seq, chunks)
+            self._keep = keep
+            if post(self.ctl, self._seq, chunks, fields):
+                self._wake.set()
+            return task
 
     def settle(self) -> None:
         """Wait until the last task is read (whoever posted it)."""
-        if self._current is not None:
-            join(self.ctl, *self._current)
-            self._current = self._keep = None
+        current = self._current
+        if current is not None:
+            join(self.ctl, *current)
+            if self._current is current:
+                self._current = self._keep = None
 
     def join(self, task: tuple[int, int]) -> tuple[int, int]:
         """Wait until task ``(seq, chunks)`` is read, reading what nobody has started; ``(error, slot)``."""
