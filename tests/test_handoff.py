@@ -14,26 +14,15 @@ import pytest
 from compression_helpers import atari_frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_compression import _compressed_chunk, _flip, drive
+from test_parallel import atari_store, damaged_slots, damaged_store
 
 import mmreplay as mr
 from mmreplay.native import handoff, parallel
 from mmreplay.reader import FrameReader, PostGate
-from mmreplay.storage import framefile
 
 
 def _atari_store(path: str, compression: str | None, capacity: int = 600) -> mr.ReplayStore:
-    frames = atari_frames("breakout")[:700]
-    s = mr.ReplayStore.create(path, capacity=capacity, obs_shape=frames.shape[1:], stack=4, n_step=3, chunk_size=64,
-                              compression=compression, seed=0)
-    s.reset(frames[0])
-    for t in range(1, len(frames)):
-        end = t % 89 == 0
-        s.step(t % 4, float(t % 3), frames[t], end, t % 211 == 0)
-        if end or t % 211 == 0:
-            s.reset(frames[t])
-    s.commit()
-    return s
+    return atari_store(path, compression, capacity, game="breakout", truncate_every=211)
 
 
 @pytest.fixture(scope="module")
@@ -118,20 +107,11 @@ def test_many_tasks_racing_the_helper_read_right(stores):
 
 def test_a_damaged_frame_in_a_posted_read_is_reported(tmp_path):
     path = tmp_path / "s"
-    with mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=32,
-                               seed=0) as s:
-        drive([s], 150, 2, ends=0.02)
-    _, target = _compressed_chunk(str(path))
-    buf = framefile.read_file(target)
-    records = framefile.read_records(target, buf, 32)
-    row = int(np.flatnonzero((records["length"] < 64) & (records["length"] > 8))[0])
-    _flip(target, int(records[row]["offset"]) + 6)
+    target, row = damaged_store(str(path))
     with mr.ReplayStore.open(path, mode="r") as s:
         ring = s._parts.log.ring
-        seq = next(q for q, name in ring.mapped.items() if target.endswith(f"{name}.obs.lz4"))
-        bad = (seq % ring.positions) * ring.rows_alloc + row
-        good = np.array([q * ring.rows_alloc + r for q in range(ring.positions) for r in range(20)
-                         if ring.frame_kind[q] >= 0 and q * ring.rows_alloc + r != bad])[:40].reshape(20, 2)
+        bad, good = damaged_slots(s, target, row)
+        good = good[:40].reshape(20, 2)
         obs = good.copy()
         obs[13, 1] = bad
         reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
@@ -157,6 +137,8 @@ def test_batches_posting_hand_out_the_sampled_batches(tmp_path, kind):
     try:
         want = [a.sample(16) for _ in range(80)]
         it = b.batches(16, prefetch=2)
+        it.AWAY = 3600.0  # (a thread held up by other work: the prefetch thread would take batches)
+        b._reader._gate.SLOWER = 1e9  # (joins slowed by other work: posting would rest)
         got = []
         for i in range(80):  # a tight loop (the caller keeps coming back: posting, not the prefetch thread)
             got.append(next(it))

@@ -20,15 +20,19 @@ from mmreplay.reader import FrameReader
 from mmreplay.storage import framefile
 
 
-def _atari_store(path: str, compression: str | None) -> mr.ReplayStore:
-    frames = atari_frames("seaquest")[:700]
-    s = mr.ReplayStore.create(path, capacity=600, obs_shape=frames.shape[1:], stack=4, n_step=3, chunk_size=64,
+def atari_store(path: str, compression: str | None, capacity: int = 600, game: str = "seaquest",
+                truncate_every: int = 0) -> mr.ReplayStore:
+    """700 real frames of ``game`` in episodes ending every 97 steps (and truncated every
+    ``truncate_every`` steps), committed."""
+    frames = atari_frames(game)[:700]
+    s = mr.ReplayStore.create(path, capacity=capacity, obs_shape=frames.shape[1:], stack=4, n_step=3, chunk_size=64,
                               compression=compression, seed=0)
     s.reset(frames[0])
     for t in range(1, len(frames)):
         end = t % 97 == 0
-        s.step(t % 4, float(t % 3), frames[t], end, False)
-        if end:
+        cut = not end and truncate_every > 0 and t % truncate_every == 0
+        s.step(t % 4, float(t % 3), frames[t], end, cut)
+        if end or cut:
             s.reset(frames[t])
     s.commit()
     return s
@@ -37,7 +41,7 @@ def _atari_store(path: str, compression: str | None) -> mr.ReplayStore:
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):  # noqa: ANN201
     root = tmp_path_factory.mktemp("parallel")
-    made = {kind: _atari_store(str(root / kind), None if kind == "raw" else "lz4") for kind in ("raw", "lz4")}
+    made = {kind: atari_store(str(root / kind), None if kind == "raw" else "lz4") for kind in ("raw", "lz4")}
     assert made["lz4"]._parts.log.ring.compressed  # sealed chunks whose frames are read compressed
     yield made
     for s in made.values():
@@ -74,9 +78,8 @@ def test_a_parallel_read_is_the_one_thread_read(stores, kind, b, threads, seed):
     one.close()
 
 
-@pytest.mark.parametrize("last", [False, True])
-def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
-    path = tmp_path / "s"
+def damaged_store(path: str) -> tuple[str, int]:
+    """A small store at ``path`` with one compressed frame damaged: its file and row."""
     with mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=32,
                                seed=0) as s:
         drive([s], 150, 2, ends=0.02)
@@ -85,12 +88,25 @@ def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
     records = framefile.read_records(target, buf, 32)
     row = int(np.flatnonzero((records["length"] < 64) & (records["length"] > 8))[0])
     _flip(target, int(records[row]["offset"]) + 6)
+    return target, row
+
+
+def damaged_slots(s: mr.ReplayStore, target: str, row: int) -> tuple[int, np.ndarray]:
+    """The damaged frame's slot, and slots of intact frames."""
+    ring = s._parts.log.ring
+    seq = next(q for q, name in ring.mapped.items() if target.endswith(f"{name}.obs.lz4"))
+    bad = (seq % ring.positions) * ring.rows_alloc + row
+    good = np.array([q * ring.rows_alloc + r for q in range(ring.positions) for r in range(20)
+                     if ring.frame_kind[q] >= 0 and q * ring.rows_alloc + r != bad])
+    return bad, good
+
+
+@pytest.mark.parametrize("last", [False, True])
+def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
+    path = tmp_path / "s"
+    target, row = damaged_store(str(path))
     with mr.ReplayStore.open(path, mode="r") as s:
-        ring = s._parts.log.ring
-        seq = next(q for q, name in ring.mapped.items() if target.endswith(f"{name}.obs.lz4"))
-        bad = (seq % ring.positions) * ring.rows_alloc + row
-        good = np.array([q * ring.rows_alloc + r for q in range(ring.positions) for r in range(20)
-                         if ring.frame_kind[q] >= 0 and q * ring.rows_alloc + r != bad])
+        bad, good = damaged_slots(s, target, row)
         slots = np.append(good, bad) if last else np.insert(good, 0, bad)
         fast, _ = _readers(s, 2)
         before = parallel.CORES.launches
