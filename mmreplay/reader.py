@@ -260,6 +260,7 @@ class FrameReader:
         self._ways = WayChooser()  # warm reads: one launch or the pool, whichever is faster now
         self._read_ahead_started = False
         self._helper: Any = None  # native.handoff.Helper, started by the first post_stacks
+        self._handoff: Any = None  # the native.handoff module, imported then
         self._ring_fields: np.ndarray | None = None  # the ring's part of a posted task's fields
         self._posts = 0
         self._gate = PostGate()
@@ -295,19 +296,20 @@ class FrameReader:
         if (self._native is None or ring is None or par is None or par.CORES.passive or self.prefetch_io is True
                 or self._cold_batches > 0 or not self._gate.open()):
             return None
-        from .native import handoff
-
-        self._posts += 1
         if self._helper is None:
-            self._helper = handoff.Helper()
-        if self._ring_fields is None:
+            from .native import handoff
+
+            self._handoff, self._helper = handoff, handoff.Helper()
+        handoff = self._handoff
+        self._posts += 1
+        if self._ring_fields is None:  # the arrays and numbers of _kernel_args, as the helper's task fields
+            raw, comp, _, kind, table, end, rows_alloc, cstride, fb = self._kernel_args()
             f = np.zeros(handoff.CTL_SIZE - handoff.OBS, np.int64)
-            for at, value in ((handoff.RAW, ring.raw_frames.ctypes.data), (handoff.RAW_BYTES, ring.raw_frames.size),
-                              (handoff.COMP, ring.comp_bytes.ctypes.data), (handoff.COMP_BYTES, ring.comp_bytes.size),
-                              (handoff.KIND, ring.frame_kind.ctypes.data), (handoff.TABLE, ring.comp_table.ctypes.data),
-                              (handoff.END, ring.comp_end.ctypes.data), (handoff.POSITIONS, ring.frame_kind.size),
-                              (handoff.ROWS_ALLOC, ring.rows_alloc), (handoff.CSTRIDE, ring.cstride),
-                              (handoff.FRAME_BYTES, ring.frame_bytes)):
+            for at, value in ((handoff.RAW, raw.ctypes.data), (handoff.RAW_BYTES, raw.size),
+                              (handoff.COMP, comp.ctypes.data), (handoff.COMP_BYTES, comp.size),
+                              (handoff.KIND, kind.ctypes.data), (handoff.TABLE, table.ctypes.data),
+                              (handoff.END, end.ctypes.data), (handoff.POSITIONS, kind.size),
+                              (handoff.ROWS_ALLOC, rows_alloc), (handoff.CSTRIDE, cstride), (handoff.FRAME_BYTES, fb)):
                 f[at - handoff.OBS] = value
             self._ring_fields = f
         b, k = obs_slots.shape

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import threading
 import time
 
 import numpy as np
@@ -175,13 +176,7 @@ def test_an_iterator_dropped_with_a_posted_read_frees_and_unmaps_nothing_in_use(
         s.commit()
     finally:
         s.close()
-    assert not any(t.name == "mmreplay-handoff" and t.is_alive() for t in _threads())
-
-
-def _threads():  # noqa: ANN202
-    import threading
-
-    return threading.enumerate()
+    assert not any(t.name == "mmreplay-handoff" and t.is_alive() for t in threading.enumerate())
 
 
 def _child_batches(path: str, q: multiprocessing.Queue) -> None:
@@ -256,8 +251,6 @@ def test_two_threads_posting_through_one_reader_each_get_their_frames(stores):
             got = reader.join_stacks(posted)
             if not all(np.array_equal(g, w) for g, w in zip(got, want[t][i], strict=True)):
                 bad.append((t, i))
-
-    import threading
 
     threads = [threading.Thread(target=run, args=(t,)) for t in range(2)]
     for th in threads:

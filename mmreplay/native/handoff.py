@@ -55,7 +55,6 @@ ROWS_ALLOC, CSTRIDE, FRAME_BYTES, CHUNK_ROWS = range(22, 26)
 CTL_SIZE = 32
 SEQ_SHIFT, CHUNK_SHIFT, LOW = 40, 20, (1 << 20) - 1
 SEQ_WRAP = 1 << 22
-MAX_CHUNKS = 1 << 16
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
@@ -163,17 +162,14 @@ def _work(ctl: np.ndarray, seq: int) -> int:
 
 
 @nb.njit(nogil=True, cache=True)
-def serve(ctl: np.ndarray, spins: int) -> int:
+def serve(ctl: np.ndarray, spins: int) -> None:
     """The helper thread: read chunks as tasks are posted; return after ``spins`` pauses without one (having
-    set ``ctl[PARKED]``), or when ``ctl[STOP]`` is set. Returns how many chunks it read."""
-    n = 0
+    set ``ctl[PARKED]``), or when ``ctl[STOP]`` is set."""
     atomic_store(ctl, PARKED, 0)
     while True:
         idle = 0
         while idle < spins and atomic_load(ctl, STOP) == 0:
-            got = _work(ctl, -1)
-            if got:
-                n += got
+            if _work(ctl, -1):
                 idle = 0
             else:
                 pause()
@@ -181,7 +177,7 @@ def serve(ctl: np.ndarray, spins: int) -> int:
         atomic_store(ctl, PARKED, 1)
         v = atomic_load(ctl, NEXT)  # a task posted just before PARKED was stored (see the module docstring)
         if atomic_load(ctl, STOP) != 0 or (v & LOW) >= ((v >> CHUNK_SHIFT) & LOW):
-            return n
+            return
         atomic_store(ctl, PARKED, 0)
 
 
@@ -199,18 +195,18 @@ def post(ctl: np.ndarray, seq: int, chunks: int, fields: np.ndarray) -> bool:
 
 
 @nb.njit(nogil=True, cache=True)
-def join(ctl: np.ndarray, seq: int, chunks: int) -> tuple[int, int, int]:
+def join(ctl: np.ndarray, seq: int, chunks: int) -> tuple[int, int]:
     """Finish task ``seq``: read the chunks nobody has claimed, wait for the others. Returns ``(error code,
-    slot, chunks this thread read)``; the error is the task's (0: none) while it is the latest task."""
-    n = _work(ctl, seq)
+    slot)``, the task's (0: none) while it is the latest task."""
+    _work(ctl, seq)
     while True:
         d = atomic_load(ctl, DONE)
         if (d >> SEQ_SHIFT) != seq:
-            return 0, 0, n  # a newer task was posted: this one was done
+            return 0, 0  # a newer task was posted: this one was done
         if (d & LOW) >= chunks:
             break
         pause()
-    return ctl[ERR], ctl[ERR_SLOT], n
+    return ctl[ERR], ctl[ERR_SLOT]
 
 
 class Helper:
@@ -229,11 +225,8 @@ class Helper:
         self._spins = 0
         self._current: tuple[int, int] | None = None  # the last task posted, until joined by settle
         self._keep: Any = None
-        self.chunks_read = 0
-        self.parks = 0  # by the helper, so far (tests check that it took part)
 
     def _start(self) -> None:
-
         if not self._spins:  # pauses per SPIN_SECONDS on this CPU (~10-150 cycles each): timed once
             serve(self.ctl, 1)  # (the first call loads the kernel)
             t = time.perf_counter()
@@ -250,8 +243,7 @@ class Helper:
     def _loop(self, wake: Any) -> None:
         ctl = self.ctl
         while not ctl[STOP]:
-            self.chunks_read += serve(ctl, self._spins)
-            self.parks += 1
+            serve(ctl, self._spins)
             # a post sets the event; the timeout is a safety net only (an idle helper costs a look a second)
             while not wake.wait(1.0) and (ctl[NEXT] & LOW) >= ((ctl[NEXT] >> CHUNK_SHIFT) & LOW):
                 pass
@@ -291,7 +283,7 @@ class Helper:
 
     def join(self, task: tuple[int, int]) -> tuple[int, int]:
         """Wait until task ``(seq, chunks)`` is read, reading what nobody has started; ``(error, slot)``."""
-        err, slot, _ = join(self.ctl, task[0], task[1])
+        err, slot = join(self.ctl, task[0], task[1])
         return int(err), int(slot)
 
     def close(self) -> None:
