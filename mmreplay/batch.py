@@ -55,12 +55,13 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         obs, next_obs = reader.join_stacks(posted)
     if then is not None:
         then()
-    if plan.obs_pad.any():
-        obs[plan.obs_pad] = 0
-    if plan.next_pad.any():
-        next_obs[plan.next_pad] = 0
-    if plan.next_missing.any():
-        next_obs[plan.next_missing] = 0
+    if plan.zeros:  # (counted by the native plan: nearly always 0)
+        if plan.obs_pad.any():
+            obs[plan.obs_pad] = 0
+        if plan.next_pad.any():
+            next_obs[plan.next_pad] = 0
+        if plan.next_missing.any():
+            next_obs[plan.next_missing] = 0
     # n-step return: float64 terms summed strictly in increasing i, then float32 (native pass; its numpy
     # reference is ``nstep_returns_numpy``)
     reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,

@@ -45,8 +45,10 @@ class Drawer:
         made later in another thread) and remember the RNG state before it (for ``state``)."""
         before = dict(self.rng.bit_generator.state) if plan else {}
         self._count += 1
-        ids, weight = sampler.draw(self.rng, batch_size, replace, beta)
-        return Draw(ids, weight, before, self._count, index.plan(index.slots_of(ids)) if plan else None)
+        ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
+        if slots is None:
+            slots = index.slots_of(ids)
+        return Draw(ids, weight, before, self._count, index.plan(slots) if plan else None, slots=slots)
 
     def draw_sequences(self, sampler: Sampler, index: Index, batch_size: int, length: int, strict: bool,
                        beta: float | None) -> Draw:
@@ -66,7 +68,7 @@ class Drawer:
                     f"sample_sequences(strict=True): no sampleable transition has {length} steps in its episode"
                     " (written so far); use a smaller length, strict=False (masked sequences), or add more steps")
         else:
-            got = sampler.draw(self.rng, batch_size, True, beta)
+            got = sampler.draw(self.rng, batch_size, True, beta)[:2]
         self._count += 1
         ids, weight = got
         head = index.rows.copy()  # each stream's rows now (the index's counters change as rows are written)

@@ -348,10 +348,10 @@ class Index:
         cfg[native_plan.C_HAS_MISSING] = self.has_missing
         cfg[native_plan.C_OLDEST_ROW] = oldest.item(0)
         cfg[native_plan.C_ROWS] = rows.item(0)
-        stacks, pad, reward_slots, reward_weights, m, ends = native_plan.plan_batch(
+        stacks, pad, reward_slots, reward_weights, m, ends, zeros = native_plan.plan_batch(
             slots, self.flags, self.epos, self.seq_of_pos, cfg, self.math.gammas)
         return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
-                    ends[2], stacks, pad)
+                    ends[2], stacks, pad, zeros)
 
     def plan_numpy(self, slots: np.ndarray) -> Plan:
         """``plan`` through numpy (``plan.RowMath.plan``): any layout, and the reference of the native pass."""

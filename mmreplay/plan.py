@@ -34,6 +34,7 @@ class Plan:
     next_missing: np.ndarray  # (B,) bool: terminated onto a missing final frame -> next_obs is all zeros
     stacks: np.ndarray | None = None  # (2, B, k) int64: obs_slots and next_slots
     pad: np.ndarray | None = None  # (2, B, k) bool: obs_pad and next_pad
+    zeros: int = -1  # how many entries of obs_pad, next_pad and next_missing are True (-1: not counted)
 
 
 class RowMath:

@@ -82,6 +82,7 @@ class Draw:
     length: int = 0  # sequences: their length (0: a batch of transitions)
     strict: bool = False  # sequences: drawn with strict=True
     head: Any = 0  # sequences: each stream's rows when drawn, an array (re-planning a resumed draw uses it)
+    slots: np.ndarray | None = None  # the ids' ring slots when drawn (``sample()`` assembles from them)
 
     @property
     def kind(self) -> tuple[int, int, bool]:

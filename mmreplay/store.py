@@ -417,7 +417,8 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         d = self._limit.sample(b, lambda: self._draw(b, bool(replace), beta))
-        return self._assemble(self._parts.log.index.slots_of(d.ids), d.ids, d.weight)
+        assert d.slots is not None  # (Drawer.draw always finds them)
+        return self._assemble(d.slots, d.ids, d.weight)
 
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.

@@ -101,6 +101,8 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
         value, ref = getattr(got, name), getattr(want, name)
         assert value.dtype == ref.dtype or (value.dtype == np.int64 and ref.dtype.kind == "i"), name
         np.testing.assert_array_equal(value, ref, err_msg=name)
+    # the count that lets assemble skip zeroing; the numpy plan does not count
+    assert got.zeros == int(want.obs_pad.sum() + want.next_pad.sum() + want.next_missing.sum()) and want.zeros == -1
     # the frames (the reader's native kernels) and the returns against the numpy path
     ids = idx.ids_of(slots)
     batch = assemble(want, arrays, ids, discounts, (), reader)
@@ -110,6 +112,9 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
     out[1][got.next_missing] = 0
     np.testing.assert_array_equal(out[0], batch.obs)
     np.testing.assert_array_equal(out[1], batch.next_obs)
+    native = assemble(got, arrays, ids, discounts, (), reader)
+    np.testing.assert_array_equal(native.obs, batch.obs)
+    np.testing.assert_array_equal(native.next_obs, batch.next_obs)
     reward, discount = nstep_returns_numpy(arrays["reward"], want, discounts)
     assert reward.tobytes() == batch.reward.tobytes() and batch.reward.dtype == np.float32
     assert discount.tobytes() == batch.discount.tobytes() and batch.discount.dtype == np.float32

@@ -65,6 +65,10 @@ def observe(tree: SumTree, seed: int, n: int) -> dict:
     total = float(out["total"])
     if 0 < total < np.inf:
         out["stratified"] = tree.stratified_sample(np.random.default_rng(seed), n)
+        leaves, out["normalised"] = tree.stratified_sample_normalised(np.random.default_rng(seed), n)
+        np.testing.assert_array_equal(leaves, out["stratified"])  # same leaves, same use of the rng
+        with np.errstate(over="ignore"):
+            assert (out["normalised"] == out["leaves"][leaves] / out["min"]).all()
         out["sample"] = tree.sample(np.random.default_rng(seed + 1), n)
         # points on and next to the cumulative sums (node boundaries, rounded either way), and the ends
         rng = np.random.default_rng(seed + 2)
@@ -208,6 +212,8 @@ def test_draws_on_node_boundaries_equal_numpy_tree(capacity, seed, n, zeros):
     u_prop = np.clip(np.concatenate([bounds / total, [0.0, np.nextafter(1.0, 0.0)]]), 0.0, np.nextafter(1.0, 0))
     for u in (u_strat, np.nextafter(u_strat, 0.0), np.nextafter(u_strat, 1.0).clip(0, np.nextafter(1.0, 0))):
         np.testing.assert_array_equal(a._stratified(u), b._stratified(u))
+        for x, y in zip(a._stratified_normalised(u), b._stratified_normalised(u)):
+            assert x.tobytes() == y.tobytes()
     np.testing.assert_array_equal(a._proportional(u_prop), b._proportional(u_prop))
     points = np.clip(np.concatenate([bounds, np.nextafter(bounds, 0), np.nextafter(bounds, np.inf)]), 0, total)
     np.testing.assert_array_equal(a._descend(points), b._descend(points))

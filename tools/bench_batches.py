@@ -310,7 +310,7 @@ sumtree.tree_find(ist, fst, u, o); sumtree.tree_stratified(ist, fst, u, o); sumt
 priorities.priority_update(idx, v, 0, 10, np.arange(10), np.ones(10, np.bool_))
 cfg = plan.config(1, 64, 64, 4, 4, 3, False, False, 0, 200)
 flags = np.zeros(256, np.uint8); epos = np.full(256, 10, np.int32); seq = np.arange(4)
-st, pad, rs, rw, m, ends = plan.plan_batch(np.array([20, 30]), flags, epos, seq, cfg, np.ones(3))
+st, pad, rs, rw, m, ends, _ = plan.plan_batch(np.array([20, 30]), flags, epos, seq, cfg, np.ones(3))
 plan.nstep_returns(np.zeros(256, np.float32), rs, rw, np.ones(4, np.float32), m, ends[0])
 raw = np.zeros(256 * 7056, np.uint8); kind = np.zeros(4, np.int8); z = np.zeros(4, np.int64)
 comp = np.zeros(8, np.uint8); out = np.empty(2 * 2 * 4 * 7056, np.uint8)

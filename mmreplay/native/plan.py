@@ -51,10 +51,10 @@ def config(num_envs: int, rows_per_stream: int, rows_alloc: int, positions: int,
 @njit(cache=True, nogil=True)
 def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray,
                config: np.ndarray, gammas: np.ndarray
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Row arithmetic of the *valid* transition slots ``slots`` (int64, shape (B,)).
 
-    Returns ``(stacks, pad, reward_slots, reward_weights, m, ends)``:
+    Returns ``(stacks, pad, reward_slots, reward_weights, m, ends, zeros)``:
 
     - ``stacks`` int64 (2, B, k): ``[0]`` the observation stacks' slots (oldest first), ``[1]`` the
       next stacks'; ``pad`` bool (2, B, k): True where that frame is zero padding (all False with
@@ -62,7 +62,9 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     - ``reward_slots`` int64 (B, n): the window's slots; ``reward_weights`` float64 (B, n):
       ``gammas[i]`` for ``i < m``, else 0; ``m`` int64 (B,): the window length;
     - ``ends`` bool (3, B): terminated, truncated (an end inside the window that is not a
-      termination), and next_missing (terminated onto a MISSING final frame: next_obs is zeros).
+      termination), and next_missing (terminated onto a MISSING final frame: next_obs is zeros);
+    - ``zeros``: how many entries of ``pad`` and of ``ends[2]`` are True (0 for nearly every batch: then
+      nothing of the batch's frames is zeroed).
 
     With ``Plan`` field names: obs_slots = stacks[0], obs_pad = pad[0], next_slots = stacks[1],
     next_pad = pad[1], terminated = ends[0], truncated = ends[1], next_missing = ends[2].
@@ -84,6 +86,7 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     reward_weights = np.empty((b_count, n), np.float64)
     m_out = np.empty(b_count, np.int64)
     ends = np.zeros((3, b_count), np.bool_)
+    zeros = 0
     span = np.empty(k + n, np.int64)  # column c: frame row rho + c - k
     # Index.plan's global choice: through (stream, row) arithmetic for every row as soon as one
     # row's span leaves its chunk.
@@ -122,7 +125,9 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
         terminated = (last_f & TERMINATED) != 0
         ends[0, b] = terminated
         ends[1, b] = has_end and not terminated
-        ends[2, b] = has_missing and terminated and (last_f & MISSING) != 0
+        missing = has_missing and terminated and (last_f & MISSING) != 0
+        ends[2, b] = missing
+        zeros += missing
         m_out[b] = m
         for i in range(n):
             reward_slots[b, i] = span[k + i]
@@ -140,7 +145,8 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
                 stacks[1, b, c] = span[m + c]
                 pad[0, b, c] = obs_pad
                 pad[1, b, c] = next_pad
-    return stacks, pad, reward_slots, reward_weights, m_out, ends
+                zeros += obs_pad + next_pad
+    return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
 
 
 @njit(cache=True, nogil=True)

@@ -325,6 +325,18 @@ def tree_stratified(ist: np.ndarray, fst: np.ndarray, u: np.ndarray, out: np.nda
 
 
 @njit(cache=True, nogil=True)
+def tree_stratified_normalised(ist: np.ndarray, fst: np.ndarray, u: np.ndarray, out: np.ndarray,
+                               ratio: np.ndarray) -> None:
+    """``tree_stratified``, and ``ratio[i]`` the mass of leaf ``out[i]`` divided by the smallest positive
+    leaf mass (float64): what importance weights are computed from, without a second pass in numpy."""
+    tree_stratified(ist, fst, u, out)
+    lo = fst[ist[I_SCALARS] + 1]
+    leaves = ist[I_VAL]
+    for i in range(u.shape[0]):
+        ratio[i] = fst[leaves + out[i]] / lo
+
+
+@njit(cache=True, nogil=True)
 def tree_proportional(ist: np.ndarray, fst: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
     """Independent draws: point i is ``u[i] * total``; ``out[i]`` its leaf. The total must be positive."""
     tree_flush(ist, fst)

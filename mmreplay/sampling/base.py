@@ -22,8 +22,9 @@ class Sampler(Protocol):
     """Chooses batches of sampleable transition ids."""
 
     def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
-             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """``batch_size`` ids (int64) and their importance weights (float32, or None meaning all 1).
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``batch_size`` ids (int64), their importance weights (float32, or None meaning all 1) and their
+        ring slots when the draw found them on the way (else None: ``Index.slots_of(ids)`` gives them).
 
         The only consumer of ``rng``. Raises ``NotSampleableError`` when nothing is sampleable,
         ``ValueError`` for options the sampler does not support (``replace=False``, ``beta``).

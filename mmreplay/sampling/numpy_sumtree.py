@@ -206,6 +206,13 @@ class NumpySumTree(SumTree):
         # last positive leaf.
         return self._descend(points)
 
+    def _stratified_normalised(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        leaves = self._stratified(u)
+        ratio = self._leaf_array()[leaves]
+        with np.errstate(over="ignore"):  # inf, as the kernel gives (a weight of 0 then)
+            ratio /= self.min
+        return leaves, ratio
+
     def _proportional(self, u: np.ndarray) -> np.ndarray:
         return self._descend(u * self.total)
 

@@ -69,19 +69,20 @@ class PrioritizedSampler:
 
     # -- sampling --------------------------------------------------------------------------------------
     def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
-             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """Stratified draw of ``batch_size`` ids and their importance weights (float32) for ``beta``
-        (default ``self.beta``)."""
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """Stratified draw of ``batch_size`` ids, their importance weights (float32) for ``beta`` (default
+        ``self.beta``) and their slots."""
         if not replace:
             raise ValueError("sample(replace=False) is for uniform stores: prioritized sampling is stratified"
                              " and with replacement; use iter_batches() for an epoch without repeats")
         use_beta = self.beta if beta is None else check_beta(beta)
         require_sampleable(self.index.n_valid)
-        slots = self.tree.sample_stratified(rng, batch_size)
-        return self.index.ids_of(slots), self._weights(slots, use_beta)
+        slots, w = self.tree.stratified_sample_normalised(rng, batch_size)  # w: mass / smallest mass
+        return self.index.ids_of(slots), np.power(w, -use_beta, out=w).astype(np.float32), slots
 
     def _weights(self, slots: np.ndarray, beta: float) -> np.ndarray:
-        """Importance weights (float32) of drawn slots, normalised by the largest over the store."""
+        """Importance weights (float32) of drawn slots, normalised by the largest over the store (as ``draw``
+        computes them: ``(mass / smallest mass) ** -beta``)."""
         w = self.tree.drawn_masses(slots)
         w /= self.tree.min_positive
         return np.power(w, -beta, out=w).astype(np.float32)

@@ -244,6 +244,12 @@ class SumTree:
 
     sample_stratified = stratified_sample  # the name the store uses
 
+    def stratified_sample_normalised(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``stratified_sample(rng, n)`` (same leaves, same use of ``rng``) and each drawn leaf's mass divided
+        by ``min_positive`` (float64, >= 1): what importance weights are computed from, in the same pass."""
+        u = self._uniform(rng, n)
+        return self._stratified_normalised(u)
+
     def _uniform(self, rng: np.random.Generator, n: int) -> np.ndarray:
         if not isinstance(rng, np.random.Generator):
             raise TypeError(f"rng: expected a numpy.random.Generator, got {type(rng).__name__}")
@@ -298,6 +304,12 @@ class SumTree:
         out = np.empty(u.shape[0], np.int64)
         k.tree_stratified(self._ist, self._fst, u, out)
         return out
+
+    def _stratified_normalised(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        out = np.empty(u.shape[0], np.int64)
+        ratio = np.empty(u.shape[0], np.float64)
+        k.tree_stratified_normalised(self._ist, self._fst, u, out, ratio)
+        return out, ratio
 
     def _proportional(self, u: np.ndarray) -> np.ndarray:
         out = np.empty(u.shape[0], np.int64)

@@ -34,8 +34,9 @@ class UniformSampler:
         self.index = index
 
     def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
-             beta: float | None) -> tuple[np.ndarray, np.ndarray | None]:
-        """``batch_size`` ids drawn uniformly; ``replace=False`` returns distinct ids.
+             beta: float | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """``batch_size`` ids drawn uniformly; ``replace=False`` returns distinct ids (and their slots when
+        known, see ``Sampler.draw``).
 
         Raises ``NotSampleableError`` when there are no sampleable transitions, or fewer than
         ``batch_size`` without replacement; ``ValueError`` for ``beta``.
@@ -53,19 +54,20 @@ class UniformSampler:
         if 2 * n_valid < hi - lo or (not replace and 4 * batch_size > n_valid):
             ids = idx.valid_ids()
             if replace:
-                return ids[rng.integers(0, ids.size, size=batch_size)], None
-            return rng.choice(ids, size=batch_size, replace=False), None
+                return ids[rng.integers(0, ids.size, size=batch_size)], None, None
+            return rng.choice(ids, size=batch_size, replace=False), None, None
         out = np.empty(0, np.int64)
         while out.size < batch_size:
             cand = rng.integers(lo, hi, size=batch_size - out.size, dtype=np.int64)
-            ok = idx.valid_in_range(cand)
+            slots = idx.slots_of(cand)
+            ok = idx.valid_at(slots)
             if replace and not out.size and ok.all():  # every first draw sampleable: nearly always
-                return cand, None
+                return cand, None, slots
             out = np.concatenate([out, cand[ok]])
             if not replace:
                 _, first = np.unique(out, return_index=True)
                 out = out[np.sort(first)]
-        return out, None
+        return out, None, None
 
     def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
                    pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:
