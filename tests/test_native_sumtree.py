@@ -212,7 +212,7 @@ def test_draws_on_node_boundaries_equal_numpy_tree(capacity, seed, n, zeros):
     u_prop = np.clip(np.concatenate([bounds / total, [0.0, np.nextafter(1.0, 0.0)]]), 0.0, np.nextafter(1.0, 0))
     for u in (u_strat, np.nextafter(u_strat, 0.0), np.nextafter(u_strat, 1.0).clip(0, np.nextafter(1.0, 0))):
         np.testing.assert_array_equal(a._stratified(u), b._stratified(u))
-        for x, y in zip(a._stratified_normalised(u), b._stratified_normalised(u)):
+        for x, y in zip(a._stratified_normalised(u), b._stratified_normalised(u), strict=True):
             assert x.tobytes() == y.tobytes()
     np.testing.assert_array_equal(a._proportional(u_prop), b._proportional(u_prop))
     points = np.clip(np.concatenate([bounds, np.nextafter(bounds, 0), np.nextafter(bounds, np.inf)]), 0, total)
