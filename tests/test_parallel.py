@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from test_compression import _compressed_chunk, _flip, drive
 
 import mmreplay as mr
-from mmreplay.native import parallel
+from mmreplay.native import lz4, parallel
 from mmreplay.reader import FrameReader
 from mmreplay.storage import framefile
 
@@ -78,6 +78,29 @@ def test_a_parallel_read_is_the_one_thread_read(stores, kind, b, threads, seed):
     one.close()
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(["raw", "lz4"]), b=st.integers(1, 40), cuts=st.lists(st.integers(0, 40), max_size=6),
+       seed=st.integers(0, 2**16))
+def test_parts_that_take_each_others_rows_read_every_row_once(stores, kind, b, cuts, seed):
+    """``parallel.gather_pairs`` with any split into parts (empty ones too, more parts than threads): parts that
+    finish early take the rows of the others from the back, and the output is the one-thread kernel's."""
+    store = stores[kind]
+    idx = store._parts.log.index
+    ids = np.random.default_rng(seed).choice(store.sampleable_ids(), b)
+    plan = idx.plan(idx.slots_of(ids))
+    reader = FrameReader(store._parts.log.ring.arrays["obs"], 2, False, ring=store._parts.log.ring)
+    args = reader._kernel_args()
+    bounds = np.array([0, *sorted(min(c, b) for c in cuts), b], np.int64)
+    frame = store._parts.log.ring.arrays["obs"].shape[1:]
+    got = np.full((2, b, 4, *frame), 7, np.uint8)
+    want = np.zeros_like(got)
+    res = parallel.gather_pairs(plan.obs_slots, plan.next_slots, bounds, got.reshape(-1), *args)
+    assert res.shape == (bounds.size - 1, 2) and not res.any()
+    assert lz4.gather_pairs(plan.obs_slots, plan.next_slots, 0, b, want.reshape(-1), *args) == (0, 0)
+    np.testing.assert_array_equal(got, want)
+    reader.close()
+
+
 def damaged_store(path: str) -> tuple[str, int]:
     """A small store at ``path`` with one compressed frame damaged: its file and row."""
     with mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=32,
@@ -114,6 +137,24 @@ def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
             fast.gather(slots)
         assert parallel.CORES.launches == before + (parallel.CORES.threads(2) > 1)
         fast.gather(good)  # the reader goes on serving the frames that are intact
+        fast.close()
+
+
+@pytest.mark.parametrize("where", [0, 5, 19, 39])
+def test_a_damaged_frame_in_any_row_of_a_batch_of_stacks_is_reported(tmp_path, where):
+    path = tmp_path / "s"
+    target, row = damaged_store(str(path))
+    with mr.ReplayStore.open(path, mode="r") as s:
+        bad, good = damaged_slots(s, target, row)
+        obs = np.resize(good, (40, 2)).astype(np.int64)
+        obs[where, 1] = bad
+        nxt = np.roll(obs, -1, axis=0)
+        fast, _ = _readers(s, 2)
+        with pytest.raises(mr.CorruptStoreError, match=f"{target}: frame {row} is damaged"):
+            fast.stacks(obs, nxt)
+        obs[where, 1] = good[0]
+        a, b = fast.stacks(obs, np.roll(obs, -1, axis=0))  # the reader goes on serving the frames that are intact
+        np.testing.assert_array_equal(a[1:], b[:-1])
         fast.close()
 
 

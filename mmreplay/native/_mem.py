@@ -1,4 +1,5 @@
-"""Byte-copy primitives for numba kernels: ``memcpy``/``memset`` and unaligned 8-byte loads and stores.
+"""Byte-copy primitives for numba kernels: ``memcpy``/``memset`` and unaligned 8-byte loads and stores; and
+atomic operations on int64 array elements (sequentially consistent), for threads that share work.
 
 A plain ``for`` loop over uint8 elements compiles to one byte per iteration (numba's negative-index
 handling keeps LLVM from widening it); these emit LLVM's memory intrinsics directly. The caller checks
@@ -142,5 +143,43 @@ def prefetch(typingctx: Any, src: Any, s: Any) -> Any:
             ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
         p = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
         builder.call(fn, [p, i32(0), i32(3), i32(1)])
+
+    return sig, codegen
+
+
+def _slot(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+    a = context.make_array(sig.args[0])(context, builder, args[0])
+    return cgutils.get_item_pointer(context, builder, sig.args[0], a, [args[1]])
+
+
+@intrinsic
+def atomic_add(typingctx: Any, ctl: Any, i: Any, v: Any) -> Any:
+    """``ctl[i] += v`` atomically (int64 array); returns the value before."""
+    sig = types.int64(ctl, types.intp, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.atomic_rmw("add", _slot(context, builder, sig, args), args[2], "seq_cst")
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_load(typingctx: Any, ctl: Any, i: Any) -> Any:
+    """``ctl[i]``, an atomic load (a loop that watches it sees other threads' stores)."""
+    sig = types.int64(ctl, types.intp)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.load_atomic(_slot(context, builder, sig, args), "seq_cst", 8)
+
+    return sig, codegen
+
+
+@intrinsic
+def atomic_store(typingctx: Any, ctl: Any, i: Any, v: Any) -> Any:
+    """``ctl[i] = v``, an atomic store."""
+    sig = types.void(ctl, types.intp, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        builder.store_atomic(args[2], _slot(context, builder, sig, args), "seq_cst", 8)
 
     return sig, codegen

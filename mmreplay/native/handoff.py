@@ -46,6 +46,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ._mem import atomic_add, atomic_load, atomic_store
 from .lz4 import gather_pairs as gather_pair_rows
 
 NEXT, DONE, STOP, PARKED, ERR, ERR_SLOT = 0, 1, 2, 3, 4, 5
@@ -57,44 +58,6 @@ SEQ_SHIFT, CHUNK_SHIFT, LOW = 40, 20, (1 << 20) - 1
 SEQ_WRAP = 1 << 22
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-
-
-def _slot(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-    a = context.make_array(sig.args[0])(context, builder, args[0])
-    return cgutils.get_item_pointer(context, builder, sig.args[0], a, [args[1]])
-
-
-@intrinsic
-def atomic_add(typingctx: Any, ctl: Any, i: Any, v: Any) -> Any:
-    """``ctl[i] += v`` atomically (int64 array); returns the value before."""
-    sig = types.int64(ctl, types.intp, types.int64)
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.atomic_rmw("add", _slot(context, builder, sig, args), args[2], "seq_cst")
-
-    return sig, codegen
-
-
-@intrinsic
-def atomic_load(typingctx: Any, ctl: Any, i: Any) -> Any:
-    """``ctl[i]``, an atomic load (a loop that watches it sees other threads' stores)."""
-    sig = types.int64(ctl, types.intp)
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
-        return builder.load_atomic(_slot(context, builder, sig, args), "seq_cst", 8)
-
-    return sig, codegen
-
-
-@intrinsic
-def atomic_store(typingctx: Any, ctl: Any, i: Any, v: Any) -> Any:
-    """``ctl[i] = v``, an atomic store."""
-    sig = types.void(ctl, types.intp, types.int64)
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
-        builder.store_atomic(args[2], _slot(context, builder, sig, args), "seq_cst", 8)
-
-    return sig, codegen
 
 
 @intrinsic

@@ -191,7 +191,7 @@ def _frame(slot: int, out: np.ndarray, o0: int, raw: np.ndarray, comp: np.ndarra
 
 
 @nb.njit(nogil=True, cache=True)
-def _prefetch_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp: np.ndarray, comp64: np.ndarray,
+def prefetch_entries(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp: np.ndarray, comp64: np.ndarray,
                   kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int) -> None:
     k = obs_slots.shape[1]
     for j in range(2 * k):
@@ -208,42 +208,62 @@ def _prefetch_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp: n
 
 
 @nb.njit(nogil=True, cache=True)
+def prefetch_records(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int, comp: np.ndarray,
+                     kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int) -> None:
+    """Start loading the entry records of rows ``r0 .. r1-1`` (their cache misses overlap; nothing waits)."""
+    k = obs_slots.shape[1]
+    for r in range(r0, r1):
+        for j in range(2 * k):
+            slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
+            pos = slot // rows_alloc
+            if 0 <= slot and pos < kind.size and kind[pos] == KIND_LZ4:
+                prefetch(comp, pos * cstride + table[pos] + 16 * (slot - pos * rows_alloc))
+
+
+@nb.njit(nogil=True, cache=True)
+def pair_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, out: np.ndarray, raw: np.ndarray,
+             comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray, data_end: np.ndarray,
+             rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
+    """Row ``r`` of a batch (see ``gather_pairs``): its obs frames, then its next_obs frames, those that the
+    obs stack holds copied from the output. Returns ``(0, 0)`` or ``(error code, slot)``."""
+    b, k = obs_slots.shape
+    for j in range(k):
+        slot = obs_slots[r, j]
+        err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        if err:
+            return err, slot
+    for j in range(k):
+        slot = next_slots[r, j]
+        o0 = ((b + r) * k + j) * fb
+        same = -1
+        for i in range(k):
+            if obs_slots[r, i] == slot:
+                same = i
+                break
+        if same >= 0:
+            copy(out, o0, out, (r * k + same) * fb, fb)
+            continue
+        err = _frame(slot, out, o0, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        if err:
+            return err, slot
+    return 0, 0
+
+
+@nb.njit(nogil=True, cache=True)
 def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int, out: np.ndarray,
                  raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray,
                  data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
     """Rows ``r0 .. r1-1`` of a batch: ``obs_slots``/``next_slots`` (B, k) frames into ``out`` (2, B, k, fb)
     flattened. A ``next_obs`` frame that is also one of the row's ``obs`` frames (``k - m`` of them) is
     copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
-    b, k = obs_slots.shape
-    for r in range(r0, r1):  # every record first: no load waits on another
-        for j in range(2 * k):
-            slot = obs_slots[r, j] if j < k else next_slots[r, j - k]
-            pos = slot // rows_alloc
-            if 0 <= slot and pos < kind.size and kind[pos] == KIND_LZ4:
-                prefetch(comp, pos * cstride + table[pos] + 16 * (slot - pos * rows_alloc))
+    prefetch_records(obs_slots, next_slots, r0, r1, comp, kind, table, rows_alloc, cstride)  # no load waits on another
     for r in range(r0, r1):
         if r + 1 < r1:  # the next row's entries: their cache misses overlap this row's work
-            _prefetch_row(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
-        for j in range(k):
-            slot = obs_slots[r, j]
-            err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc,
-                         cstride, fb)
-            if err:
-                return err, slot
-        for j in range(k):
-            slot = next_slots[r, j]
-            o0 = ((b + r) * k + j) * fb
-            same = -1
-            for i in range(k):
-                if obs_slots[r, i] == slot:
-                    same = i
-                    break
-            if same >= 0:
-                copy(out, o0, out, (r * k + same) * fb, fb)
-                continue
-            err = _frame(slot, out, o0, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
-            if err:
-                return err, slot
+            prefetch_entries(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
+        err, slot = pair_row(obs_slots, next_slots, r, out, raw, comp, comp64, kind, table, data_end, rows_alloc,
+                             cstride, fb)
+        if err:
+            return err, slot
     return 0, 0
 
 
