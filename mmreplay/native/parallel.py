@@ -1,3 +1,5 @@
+# numba intrinsics take a typing context first, which mypy sees as an argument:
+# mypy: disable-error-code="call-arg"
 """A batch's frames read on several cores in one call: the frame kernels of ``lz4`` run over parts of a
 batch at once through numba's ``parallel=True`` (its OpenMP or TBB threading layer).
 
