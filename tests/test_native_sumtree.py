@@ -217,3 +217,27 @@ def test_draws_on_node_boundaries_equal_numpy_tree(capacity, seed, n, zeros):
     np.testing.assert_array_equal(a._proportional(u_prop), b._proportional(u_prop))
     points = np.clip(np.concatenate([bounds, np.nextafter(bounds, 0), np.nextafter(bounds, np.inf)]), 0, total)
     np.testing.assert_array_equal(a._descend(points), b._descend(points))
+
+
+@settings(max_examples=60, deadline=None)
+@given(capacity=st.integers(1, 3000), data=st.data())
+def test_set_distinct_with_writes_the_side_arrays_as_numpy_would(capacity, data):
+    """``set_distinct_with``: the tree as ``set_distinct`` leaves it, ``side[idx] = side_values`` (the last of a
+    repeated index wins) and ``flags[idx] = True``, in both implementations."""
+    n = data.draw(st.integers(0, 64))
+    idx = np.array(data.draw(st.lists(st.integers(0, capacity - 1), min_size=n, max_size=n)), np.int64)
+    values = np.array(data.draw(st.lists(MASSES, min_size=n, max_size=n)), np.float64)
+    side_values = np.random.default_rng(n).random(n)
+    start = np.random.default_rng(capacity).random(capacity)
+    want_side, want_flags = start.copy(), np.zeros(capacity, np.bool_)
+    for i in range(n):
+        want_side[idx[i]] = side_values[i]
+        want_flags[idx[i]] = True
+    reference = NumpySumTree.from_leaves(start)
+    reference.set_distinct(idx, values)
+    for tree in (SumTree.from_leaves(start), NumpySumTree.from_leaves(start)):
+        side, flags = start.copy(), np.zeros(capacity, np.bool_)
+        tree.set_distinct_with(idx, values, side, side_values, flags)
+        assert side.tobytes() == want_side.tobytes() and (flags == want_flags).all()
+        assert tree.leaves().tobytes() == reference.leaves().tobytes()
+        assert tree.total == reference.total and tree.min == reference.min and tree.count_positive == reference.count_positive

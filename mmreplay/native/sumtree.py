@@ -142,6 +142,18 @@ def tree_set(ist: np.ndarray, fst: np.ndarray, idx: np.ndarray, values: np.ndarr
 
 
 @njit(cache=True, nogil=True)
+def tree_set_with(ist: np.ndarray, fst: np.ndarray, idx: np.ndarray, values: np.ndarray, side: np.ndarray,
+                  side_values: np.ndarray, flags: np.ndarray) -> None:
+    """``tree_set(ist, fst, idx, values)``, and in the same pass ``side[idx] = side_values`` and
+    ``flags[idx] = True`` (``side_values`` one per index): a prioritized sampler's raw priorities and
+    changed-slot flags beside its tree."""
+    for i in range(idx.shape[0]):
+        side[idx[i]] = side_values[i]
+        flags[idx[i]] = True
+    tree_set(ist, fst, idx, values)
+
+
+@njit(cache=True, nogil=True)
 def tree_load(ist: np.ndarray, fst: np.ndarray, leaves: np.ndarray) -> None:
     """Replace every leaf (``leaves``: capacity finite masses >= 0) and rebuild the whole tree."""
     cap = ist[I_CAPACITY]

@@ -168,6 +168,14 @@ class NumpySumTree(SumTree):
             return -1
         return 2 * first_idx if first_idx <= first_val else 2 * first_val + 1
 
+    def _write_with(self, idx: np.ndarray, vals: np.ndarray, side: np.ndarray, side_vals: np.ndarray,
+                    flags: np.ndarray) -> None:
+        if idx.shape[0]:
+            last, values = _keep_last(idx, side_vals) if idx.shape[0] > 1 else (idx, side_vals)
+            side[last] = values
+            flags[idx] = True
+        self._write(idx, vals)
+
     def _write(self, idx: np.ndarray, vals: np.ndarray) -> None:
         if idx.shape[0] == 0:
             return

@@ -172,7 +172,7 @@ class PrioritizedSampler:
             raise NotSampleableError(f"index[{pos}] = {ids[pos]} was never issued (next id is {idx.next_id})")
         self.skipped_updates += skipped
         if slots.size:
-            self._set(slots, values, np.power(values + self.eps, self.alpha))
+            self.tree.set_distinct_with(slots, np.power(values + self.eps, self.alpha), self.raw, values, self._dirty)
             if top > self.max_priority:
                 self.max_priority = top
         return skipped

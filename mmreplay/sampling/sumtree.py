@@ -177,6 +177,14 @@ class SumTree:
             self._one[0] = values
             self._write(idx, self._one)
 
+    def set_distinct_with(self, idx: np.ndarray, values: np.ndarray, side: np.ndarray, side_values: np.ndarray,
+                          flags: np.ndarray) -> None:
+        """``set_distinct(idx, values)`` (same preconditions, ``values`` one per index), and in the same pass
+        ``side[idx] = side_values`` (float64, one per index) and ``flags[idx] = True`` (bool): arrays of per-leaf
+        state kept beside the tree (a prioritized sampler's raw priorities and changed-slot flags), at least
+        ``capacity`` long."""
+        self._write_with(idx, values, side, side_values, flags)
+
     def leaves(self) -> np.ndarray:
         """A copy of every leaf mass: float64 array of shape ``(capacity,)``."""
         return self._leaf_array()[: self._capacity].copy()
@@ -291,6 +299,10 @@ class SumTree:
 
     def _write(self, idx: np.ndarray, vals: np.ndarray) -> None:
         k.tree_set(self._ist, self._fst, idx, vals)
+
+    def _write_with(self, idx: np.ndarray, vals: np.ndarray, side: np.ndarray, side_vals: np.ndarray,
+                    flags: np.ndarray) -> None:
+        k.tree_set_with(self._ist, self._fst, idx, vals, side, side_vals, flags)
 
     def _load(self, leaves: np.ndarray) -> None:
         k.tree_load(self._ist, self._fst, leaves)
