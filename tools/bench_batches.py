@@ -277,11 +277,13 @@ def _tree_row(leaves: int, b: int, rng: np.random.Generator) -> list[str]:
         g = np.random.default_rng(1)
         idx = rng.integers(0, leaves, b)
         values = rng.random(b)
+        raw, changed = np.zeros(leaves), np.zeros(leaves, np.bool_)  # the sampler's arrays beside its tree
 
-        def draw_and_update(tree: Any = tree, g: Any = g, idx: Any = idx, values: Any = values) -> None:
-            sl = tree.stratified_sample(g, b)
-            np.power(tree.get(sl) / tree.min, -0.4)
-            tree.set_distinct(idx, values)
+        def draw_and_update(tree: Any = tree, g: Any = g, idx: Any = idx, values: Any = values, raw: Any = raw,
+                            changed: Any = changed) -> None:
+            _, w = tree.stratified_sample_normalised(g, b)  # (as PrioritizedSampler.draw and update call it)
+            np.power(w, -0.4, out=w).astype(np.float32)
+            tree.set_distinct_with(idx, values, raw, values, changed)
 
         t[name] = per_call_us(draw_and_update, 500)
     return [f"sum tree: stratified draw + weights + update of {b}, {leaves:,} leaves", "`NumpySumTree`",
@@ -298,15 +300,18 @@ import numba
 t1 = time.perf_counter()
 import numpy as np
 from mmreplay.native import lz4, parallel, plan, priorities, sumtree
-kernels = [sumtree.check_set, sumtree.tree_set, sumtree.tree_load, sumtree.tree_flush, sumtree.tree_find,
-           sumtree.tree_stratified, sumtree.tree_proportional, priorities.priority_update, plan.plan_batch,
+kernels = [sumtree.check_set, sumtree.tree_set, sumtree.tree_set_with, sumtree.tree_load, sumtree.tree_flush,
+           sumtree.tree_find, sumtree.tree_stratified, sumtree.tree_stratified_normalised, sumtree.tree_proportional,
+           priorities.priority_update, plan.plan_batch,
            plan.nstep_returns, lz4.gather_pairs, parallel.gather_pairs]
 t2 = time.perf_counter()
 ist, fst = sumtree.new_state(5000)
 sumtree.tree_load(ist, fst, np.ones(5000))
 idx = np.arange(4); v = np.ones(4); u = np.full(4, 0.5); o = np.empty(4, np.int64)
 sumtree.check_set(ist, idx, v); sumtree.tree_set(ist, fst, idx, v); sumtree.tree_flush(ist, fst)
+sumtree.tree_set_with(ist, fst, idx, v, np.zeros(5000), v, np.zeros(5000, np.bool_))
 sumtree.tree_find(ist, fst, u, o); sumtree.tree_stratified(ist, fst, u, o); sumtree.tree_proportional(ist, fst, u, o)
+sumtree.tree_stratified_normalised(ist, fst, u, o, np.empty(4))
 priorities.priority_update(idx, v, 0, 10, np.arange(10), np.ones(10, np.bool_))
 cfg = plan.config(1, 64, 64, 4, 4, 3, False, False, 0, 200)
 flags = np.zeros(256, np.uint8); epos = np.full(256, 10, np.int32); seq = np.arange(4)
