@@ -19,8 +19,8 @@ caller's thread runs, whichever claims it first, oldest first:
   caller, back in ``next()``, reads the rows the helper has not started and
   waits for the rest. A loop of ``sample()`` leaves one core idle while its
   thread runs Python; here the other core copies meanwhile (measured on 2
-  cores, 84x84 frames, a tight loop: 1.17x a ``sample()`` loop's rate at
-  batch 32, 1.00-1.07x at 256 and 512; with two CPU-bound processes beside it,
+  cores, 84x84 frames, a tight loop: 1.15x a ``sample()`` loop's rate at
+  batch 32, 1.04x at 256, 1.00x at 512; with two CPU-bound processes beside it,
   1.8x, ``sample()`` then reading through the pool). A posted batch is
   finished by the caller (or ``drain``/``close``), never by the prefetch thread;
 - inside ``next()``, if the batch to hand out is not ready and nobody has

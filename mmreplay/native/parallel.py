@@ -39,8 +39,7 @@ import numpy as np
 
 from ._mem import atomic_add
 from .lz4 import gather as gather_frames
-from .lz4 import pair_row, prefetch_entries
-from .lz4 import prefetch_records as gather_pair_records
+from .lz4 import pair_row, prefetch_entries, prefetch_records
 
 SAFE_LAYERS = ("omp", "tbb")
 LINE = 8  # int64 per cache line
@@ -65,7 +64,7 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, bounds: np.ndarr
     res = np.zeros((parts, 2), np.int64)
     count = np.zeros(2 * parts * LINE, np.int64)  # one cache line per counter: parts count their own rows apart
     for p in nb.prange(parts):
-        gather_pair_records(obs_slots, next_slots, bounds[p], bounds[p + 1], comp, kind, table, rows_alloc, cstride)
+        prefetch_records(obs_slots, next_slots, bounds[p], bounds[p + 1], comp, kind, table, rows_alloc, cstride)
         for i in range(parts):
             q = (p + i) % parts
             lo, hi = bounds[q], bounds[q + 1]
