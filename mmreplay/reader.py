@@ -9,13 +9,12 @@ output buffer; numpy (``np.take``) and numcodecs do it where numba is missing.
 
 from __future__ import annotations
 
+import math
 import os
 import resource
 import sys
 import threading
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -97,8 +96,72 @@ class FramePool:
         self._bytes = sum(b.nbytes for b in bufs)
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by its cgroup's CPU quota (a container limited
+    to 2 CPUs on a 64-core host gets 2), at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        n = min(n, max(1, math.ceil(quota)))
+    return max(1, n)
+
+
+def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
+    """The CPU quota (CPUs' worth of time per period) of this process's cgroup and its parents, the smallest
+    one set; None where there is none (or no cgroup file system to read)."""
+    try:
+        with open(proc) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found: list[float] = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        hierarchy, controllers, rel = parts
+        rel = rel.lstrip("/")
+        v2 = hierarchy == "0" and controllers == ""
+        if not v2 and "cpu" not in controllers.split(","):
+            continue
+        base = root if v2 else None
+        if base is None:  # cgroup v1: the cpu controller's own mount
+            for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
+                if os.path.isdir(os.path.join(root, name)):
+                    base = os.path.join(root, name)
+                    break
+            if base is None:
+                continue
+        parts_rel = [p for p in rel.split("/") if p]
+        for depth in range(len(parts_rel), -1, -1):
+            here = os.path.join(base, *parts_rel[:depth])
+            q = _read_quota(here, v2)
+            if q is not None:
+                found.append(q)
+    return min(found) if found else None
+
+
+def _read_quota(directory: str, v2: bool) -> float | None:
+    try:
+        if v2:
+            with open(os.path.join(directory, "cpu.max")) as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+            return None if quota == "max" else int(quota) / int(period)
+        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+            quota_us = int(f.read().strip())
+        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+            period_us = int(f.read().strip())
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
 def default_threads() -> int:
-    return max(1, min(4, os.cpu_count() or 1))
+    """Threads that read a batch (the caller and its helpers): the CPUs this process may use, at most 4."""
+    return min(4, usable_cpus())
 
 
 def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
@@ -109,35 +172,37 @@ def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
         advisor.close()
 
 
-_KERNELS: list[tuple[ModuleType, ModuleType] | None] = []
+_KERNELS: list[tuple[ModuleType, ModuleType | None] | None] = []
 
 
-def native_kernels() -> tuple[ModuleType, ModuleType] | None:
-    """``(mmreplay.native.lz4, mmreplay.native.parallel)``, or None where numba cannot be imported (then
-    frames are copied by numpy and decoded by the numcodecs reference path, ~10x slower)."""
+def native_kernels() -> tuple[ModuleType, ModuleType | None] | None:
+    """``(mmreplay.native.lz4, mmreplay.native.crew)`` (the crew None where helpers cannot sleep in the kernel:
+    not Linux), or None where numba cannot be imported or its compiler is switched off
+    (``NUMBA_DISABLE_JIT=1``): then frames are copied by numpy and decoded by the numcodecs reference path."""
     if not _KERNELS:
-        found: tuple[ModuleType, ModuleType] | None
+        found: tuple[ModuleType, ModuleType | None] | None
         try:
-            from .native import lz4, parallel
-            found = lz4, parallel
-        except ImportError:  # pragma: no cover - numba is a dependency
+            import numba
+
+            if numba.config.DISABLE_JIT:  # type: ignore[attr-defined]
+                raise ImportError("numba's compiler is disabled")
+            from .native import crew, lz4
+            found = lz4, (crew if crew.SUPPORTED else None)
+        except ImportError:
             found = None
         _KERNELS.append(found)
     return _KERNELS[0]
 
 
 class WayChooser:
-    """Which of two ways to read a batch is faster now: 0, one parallel launch; 1, the calling thread and
-    the thread pool. From what reads cost per output byte: the way in use is averaged over its recent
-    reads (each clipped to 4x the average: switching takes a run of slow reads, not one), the other is
-    tried every ``PROBE`` reads (and once early) and taken as measured. A launch after a pause in launching
-    wakes sleeping threads (the first launch also starts them), so it is not timed: a probe of launching
-    launches twice and times the second.
+    """Which of two ways to read is faster now: 0, shared with the helper threads; 1, the calling thread
+    alone. From what reads cost per output byte: the way in use is averaged over its recent reads (each
+    clipped to 4x the average: switching takes a run of slow reads, not one), the other is tried every
+    ``PROBE`` reads (and once early) and taken as measured. The first read with helpers starts them, so it is
+    not timed.
 
-    Why measure: a launch's threads spin while they wait for each other, which pays on idle cores (a
-    batch of 32 Atari stacks: 2x faster) and costs when other processes keep the cores busy (the
-    thread that is not running holds up the one that is). Measured with the test suite running beside it
-    on 2 cores: launches 620-2,180 us per batch, the pool 370-530 us."""
+    Why measure: helpers pay on idle cores, and cost when other processes keep the cores busy (the caller
+    then waits for a chunk a helper claimed but the system stopped running)."""
 
     PROBE = 128
     EARLY = 4
@@ -152,15 +217,15 @@ class WayChooser:
         """The way for the next read, and how to take its time (``AVERAGE``, ``MEASURED``, ``UNTIMED``)."""
         self.reads += 1
         r = self.reads
-        launch, other = self.cost
+        shared, alone = self.cost
         if r == 1:
-            return 0, self.UNTIMED  # the first launch starts the threads
-        if other == 0.0 and r >= self.EARLY:
+            return 0, self.UNTIMED  # the first shared read starts the helpers
+        if alone == 0.0 and r >= self.EARLY:
             return 1, self.MEASURED
-        if launch == 0.0 or other == 0.0 or launch <= other:
+        if shared == 0.0 or alone == 0.0 or shared <= alone:
             return (1, self.MEASURED) if r % self.PROBE == 0 else (0, self.AVERAGE)
-        if r % self.PROBE in (0, 1):
-            return 0, self.UNTIMED if r % self.PROBE == 0 else self.MEASURED
+        if r % self.PROBE == 0:
+            return 0, self.MEASURED
         return 1, self.AVERAGE
 
     def record(self, way: int, seconds: float, nbytes: int, how: int) -> None:
@@ -193,6 +258,7 @@ class PostGate:
         self.off = 0  # reads left before posting is tried again
         self.untimed = self.UNTIMED
         self.times_off = 0
+        self.posts = 0  # reads posted
 
     def open(self) -> bool:
         if self.off:
@@ -215,14 +281,15 @@ class PostGate:
 class FrameReader:
     """Gathers frame stacks from the ring's frame array into recycled output buffers.
 
-    One core does not saturate memory bandwidth, and decoding is CPU work, so a batch's rows are
-    split into up to ``threads`` parts read at once: through one parallel launch of the native
-    kernels (``native.parallel``: a batch of 32 Atari stacks on 2 cores, 173 us -> 81 us raw,
-    255 us -> 132 us compressed), or, where numba cannot launch safely and cheaply, between the
-    calling thread and ``threads - 1`` pool threads (a hand-off costs tens of microseconds).
+    Decoding is CPU work and one core does not saturate memory bandwidth, so a read is shared between the
+    calling thread and up to ``threads - 1`` helper threads (``native.crew``): the caller posts the read and
+    reads it itself, and each helper that wakes in time takes rows the caller has not reached. Helpers sleep
+    in the kernel between reads, never spinning, and they are used only while reads measure faster with
+    them than alone (``WayChooser``); where they cannot run (no numba, not Linux, one CPU) the caller reads
+    alone. ``threads`` defaults to the CPUs this process may use (``usable_cpus``), at most 4.
 
     Cold data: a plain gather faults pages in one at a time. Requesting all of a batch's
-    frame runs first (``request``) keeps many reads in flight, but costs ~300 us per batch
+    frame runs first (``request``) keeps many reads in flight, but costs per batch
     when the pages are cached. ``prefetch_io="auto"`` therefore counts the process's major page
     faults (faults that had to wait for the disk) during a plain gather: from ``COLD_FAULTS`` on,
     batches are requested first; every ``PROBE_EVERY`` such batches one goes without, to notice
@@ -230,16 +297,12 @@ class FrameReader:
     A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead``).
     """
 
-    MIN_PART_BYTES = 64 * 1024  # one parallel launch: each part writes at least this much
-    MIN_SPLIT_BYTES = 256 * 1024  # the thread pool: below this, handing work to a thread costs more than it saves
-    # The thread pool: a raw (uncompressed) gather of warm data is a memory copy; below this size one thread
-    # is faster than two (measured warm at 100K, 84x84 frames: B=32, 1.8 MB, one thread 1.08x two; B=64, 3.6 MB,
-    # 0.95x; B=128 0.78x). Batches read while the data is cold (requested first) still split: their
-    # threads wait on page faults in parallel (one thread measured 0.9x cold, 0.8x two batches ahead).
-    MIN_SPLIT_RAW_BYTES = 3 * 1024 * 1024
+    MIN_SHARED_BYTES = 128 * 1024  # a smaller read is not worth waking a helper for
     PROBE_EVERY = 64
     COLD_FAULTS = 4
-    POST_CHUNKS = 64  # post_stacks: a batch's rows in up to this many runs, claimed one at a time
+    CHUNKS = 64  # a read's rows in up to this many runs, claimed one at a time
+    SHARE: bool | None = None  # None: as WayChooser finds faster; True/False: always/never with the helpers
+    RECHECK = 256  # reads between two looks at the CPUs this process may use (its affinity can change)
 
     def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto",
                  ring: ChunkRing | None = None, native: bool = True, parallel: bool = True) -> None:
@@ -249,21 +312,21 @@ class FrameReader:
         self._ring = ring
         kernels = native_kernels() if native else None
         self._native = kernels[0] if kernels else None
-        self._par = kernels[1] if kernels and parallel else None  # None: split through the thread pool
         self.threads = default_threads() if threads is None else max(1, int(threads))
+        crew_module = kernels[1] if kernels and parallel else None
+        # None: the caller reads alone
+        self._crew: Any = crew_module.Crew(self.threads - 1) if crew_module is not None and self.threads > 1 else None
+        self._crew_module = crew_module
         self.prefetch_io = prefetch_io
         self._pool = FramePool()
-        self._executor: ThreadPoolExecutor | None = None
         self._advisor = RangeAdvisor()
         self._cold_batches = 0  # > 0: requesting first; counts down to the next plain probe
-        self._bounds: dict[tuple[int, int], np.ndarray] = {}  # (items, parts) -> where each part starts
-        self._ways = WayChooser()  # warm reads: one launch or the pool, whichever is faster now
+        self._ways = WayChooser()  # shared with helpers, or alone: whichever is faster now
         self._read_ahead_started = False
-        self._helper: Any = None  # native.handoff.Helper, started by the first post_stacks
-        self._handoff: Any = None  # the native.handoff module, imported then
-        self._ring_fields: np.ndarray | None = None  # the ring's part of a posted task's fields
-        self._posts = 0
+        self._ring_fields: np.ndarray | None = None  # the ring's part of a task's fields
         self._gate = PostGate()
+        self._reads = 0
+        self._cpus = self.threads  # threads that may read at once now: min(threads, usable CPUs)
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
@@ -275,64 +338,96 @@ class FrameReader:
             self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         if self._native is not None and self._ring is not None:
-            self._pairs(obs_slots, next_slots, both, requested)
+            obs = np.ascontiguousarray(obs_slots, np.int64)
+            nxt = np.ascontiguousarray(next_slots, np.int64)
+            self._read(0, obs, nxt, both, b, requested)
         else:  # numpy: no numba, or no ring
             index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
             flat = both.reshape((-1,) + frames.shape[1:])
             if self._ring is not None and self._ring.compressed:
                 flat[:] = self._reference(index)
             else:
-                self._take_split(frames, index, flat, requested)
+                np.take(frames, index, axis=0, out=flat, mode="clip")
         self._count_faults(requested, faults)
         return both[0], both[1]  # C-contiguous views of one buffer
 
+    def _fields(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, rows: int, out: np.ndarray) -> np.ndarray:
+        """A crew task's fields (``native.crew``: ``ctl[OBS:]``) for reading ``rows`` rows into ``out``."""
+        crew: Any = self._crew_module
+        if self._ring_fields is None:  # the arrays and numbers of _kernel_args, as task fields
+            raw, comp, _, kind, table, end, rows_alloc, cstride, fb = self._kernel_args()
+            f = np.zeros(crew.FIELDS, np.int64)
+            for at, value in ((crew.RAW, raw.ctypes.data), (crew.RAW_BYTES, raw.size),
+                              (crew.COMP, comp.ctypes.data), (crew.COMP_BYTES, comp.size),
+                              (crew.KIND, kind.ctypes.data), (crew.TABLE, table.ctypes.data),
+                              (crew.END, end.ctypes.data), (crew.POSITIONS, kind.size),
+                              (crew.ROWS_ALLOC, rows_alloc), (crew.CSTRIDE, cstride), (crew.FRAME_BYTES, fb)):
+                f[at - crew.OBS] = value
+            self._ring_fields = f
+        fields = self._ring_fields.copy()
+        o = crew.OBS
+        fields[crew.MODE - o] = mode
+        fields[crew.OBS - o] = slots.ctypes.data
+        fields[crew.NXT - o] = 0 if nxt is None else nxt.ctypes.data
+        fields[crew.ROWS - o] = rows
+        fields[crew.STACK - o] = slots.shape[1] if slots.ndim == 2 else 1
+        fields[crew.OUT - o] = out.ctypes.data
+        fields[crew.OUT_BYTES - o] = out.nbytes
+        fields[crew.CHUNK_ROWS - o] = max(1, -(-rows // self.CHUNKS))
+        return fields
+
+    def _read(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, out: np.ndarray, rows: int,
+              cold: bool) -> None:
+        """Read ``rows`` rows (``mode``: the crew's PAIRS of stacks, or FLAT frames) into ``out``: shared with
+        the helpers when there are any, the read is large enough and ``WayChooser`` finds that faster now
+        (cold reads are always shared: their threads wait on page faults side by side, and they are not
+        timed); else in this thread alone."""
+        lz4 = self._native
+        assert lz4 is not None
+        way, how = 1, WayChooser.AVERAGE
+        crew = self._crew
+        self._reads += 1
+        if crew is not None and self._reads % self.RECHECK == 0:
+            self._cpus = min(self.threads, usable_cpus())
+            crew.limit(self._cpus - 1)
+        if (crew is not None and rows > 1 and out.nbytes >= self.MIN_SHARED_BYTES and self.SHARE is not False
+                and (self._cpus > 1 or self.SHARE)):
+            way, how = (0, WayChooser.UNTIMED) if cold or self.SHARE else self._ways.pick()
+        start = time.perf_counter()
+        if way == 0:
+            task = crew.post(self._fields(mode, slots, nxt, rows, out), rows, (slots, nxt, out))
+            err, slot, _ = crew.join(task)
+        elif mode == 0:
+            err, slot = lz4.gather_pairs(slots, nxt, 0, rows, out.reshape(-1).view(np.uint8), *self._kernel_args())
+        else:
+            err, slot = lz4.gather(slots, out.reshape(-1).view(np.uint8), *self._kernel_args())
+        if crew is not None and not cold:
+            self._ways.record(way, time.perf_counter() - start, out.nbytes, how)
+        if err:
+            raise self._error(int(err), int(slot))
+
     def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> PostedStacks | None:
-        """Start reading ``stacks(obs_slots, next_slots)`` in the helper thread (``native.handoff``) and
-        return at once; ``join_stacks`` gives the two arrays. None when the read had better be made by
-        ``stacks`` when needed: no native kernels or ring; ``OMP_WAIT_POLICY=passive`` (no thread may wait
-        awake); cold data (its reads go through the fault counting and requests of ``stacks``); and while
+        """Start reading ``stacks(obs_slots, next_slots)`` in the helper threads and return at once;
+        ``join_stacks`` gives the two arrays. None when the read had better be made by ``stacks`` when needed:
+        no helpers; cold data (its reads go through the fault counting and requests of ``stacks``); and while
         ``PostGate`` has found joins slower than plain reads (the cores are busy elsewhere)."""
-        par, ring = self._par, self._ring
-        if (self._native is None or ring is None or par is None or par.CORES.passive or self.prefetch_io is True
+        crew, ring = self._crew, self._ring
+        if (self._native is None or ring is None or crew is None or self.prefetch_io is True or self._cpus <= 1
                 or self._cold_batches > 0 or not self._gate.open()):
             return None
-        if self._helper is None:
-            from .native import handoff
-
-            self._handoff, self._helper = handoff, handoff.Helper()
-        handoff = self._handoff
-        self._posts += 1
-        if self._ring_fields is None:  # the arrays and numbers of _kernel_args, as the helper's task fields
-            raw, comp, _, kind, table, end, rows_alloc, cstride, fb = self._kernel_args()
-            f = np.zeros(handoff.CTL_SIZE - handoff.OBS, np.int64)
-            for at, value in ((handoff.RAW, raw.ctypes.data), (handoff.RAW_BYTES, raw.size),
-                              (handoff.COMP, comp.ctypes.data), (handoff.COMP_BYTES, comp.size),
-                              (handoff.KIND, kind.ctypes.data), (handoff.TABLE, table.ctypes.data),
-                              (handoff.END, end.ctypes.data), (handoff.POSITIONS, kind.size),
-                              (handoff.ROWS_ALLOC, rows_alloc), (handoff.CSTRIDE, cstride), (handoff.FRAME_BYTES, fb)):
-                f[at - handoff.OBS] = value
-            self._ring_fields = f
         b, k = obs_slots.shape
         both = self._pool.get((2, b, k) + self.frames.shape[1:], self.frames.dtype)
         obs = np.ascontiguousarray(obs_slots, np.int64)
         nxt = np.ascontiguousarray(next_slots, np.int64)
-        fields = self._ring_fields.copy()
-        o = handoff.OBS
-        fields[handoff.OBS - o] = obs.ctypes.data
-        fields[handoff.NXT - o] = nxt.ctypes.data
-        fields[handoff.ROWS - o] = b
-        fields[handoff.STACK - o] = k
-        fields[handoff.OUT - o] = both.ctypes.data
-        fields[handoff.OUT_BYTES - o] = both.nbytes
-        fields[handoff.CHUNK_ROWS - o] = max(1, b // self.POST_CHUNKS)
-        posted = PostedStacks(self._helper, (0, 0), both, obs, nxt)
-        posted.task = self._helper.post(fields, b, posted)
+        posted = PostedStacks(crew, (0, 0), both, obs, nxt)
+        posted.task = crew.post(self._fields(0, obs, nxt, b, both), b, posted)
+        self._gate.posts += 1
         return posted
 
     def settle(self) -> None:
-        """Wait until the helper has no read in flight (before chunks are unmapped)."""
-        if self._helper is not None:
-            self._helper.settle()
+        """Wait until the helpers have no read in flight (before chunks are unmapped)."""
+        if self._crew is not None:
+            self._crew.settle()
 
     def ring_resized(self, frames: np.ndarray) -> None:
         self.settle()
@@ -340,11 +435,11 @@ class FrameReader:
         self._ring_fields = None
 
     def join_stacks(self, posted: PostedStacks) -> tuple[np.ndarray, np.ndarray]:
-        """The stacks ``post_stacks`` started reading, once read (this thread reads what the helper has not
+        """The stacks ``post_stacks`` started reading, once read (this thread reads what the helpers have not
         started). May be called again (the same arrays, or the same error)."""
         if posted.error is None:
             start = time.perf_counter()
-            err, slot = posted.helper.join(posted.task)
+            err, slot, _ = posted.helper.join(posted.task)
             posted.error = (err, slot)
             self._gate.joined((time.perf_counter() - start) / posted.both.nbytes, self._ways.cost)
         if posted.error[0]:
@@ -360,91 +455,9 @@ class FrameReader:
                 self._cold_batches = self.PROBE_EVERY
                 self._read_ahead()
 
-    def _parts(self, items: int, nbytes: int, raw: bool, cold: bool, pool: bool = False) -> tuple[int, bool]:
-        """How many parts to split a read of ``items`` rows (or frames) and ``nbytes`` output into, and whether
-        they run through one parallel launch (``native.parallel``) rather than the thread pool (``pool``:
-        always the pool).
-
-        Cold reads (their pages requested first) go to the pool: their threads mostly wait on page faults,
-        and ``batches()`` then copies two batches at once, one in the caller's thread and one in its
-        prefetch thread, which cannot launch. Measured cold at 100K (raw Atari frames, 150 batches after
-        dropping the page cache): with launches, sample() 518-548 batches/s and batches(2) 496-508; through
-        the pool, sample() 452-489 and batches(2) 578-604: ``batches()`` is the way to read from disk."""
-        cores = self._par.CORES if self._par is not None and not pool and not cold else None
-        launched = cores is not None and cores.usable
-        if cores is not None and launched:
-            parts = min(cores.threads(self.threads), nbytes // self.MIN_PART_BYTES)
-        elif raw and nbytes < self.MIN_SPLIT_RAW_BYTES and not cold:
-            parts = 1
-        else:
-            parts = min(self.threads, nbytes // self.MIN_SPLIT_BYTES)
-        return max(1, min(parts, items)), launched
-
-    def _pairs(self, obs_slots: np.ndarray, next_slots: np.ndarray, both: np.ndarray, cold: bool) -> None:
-        """Both stacks of every row into ``both`` by the native kernel (``lz4.gather_pairs``: compressed frames
-        decoded, raw ones copied; a row's next_obs frames that its obs stack holds copied from the output)."""
-        lz4, par, ring = self._native, self._par, self._ring
-        assert lz4 is not None and ring is not None
-        obs = np.ascontiguousarray(obs_slots, np.int64)
-        nxt = np.ascontiguousarray(next_slots, np.int64)
-        out = both.reshape(-1).view(np.uint8)
-        args = self._kernel_args()
-        self._run(obs.shape[0], both.nbytes, not ring.compressed, cold,
-                  lambda a, b: lz4.gather_pairs(obs, nxt, a, b, out, *args),
-                  lambda bounds: par.gather_pairs(obs, nxt, bounds, out, *args))  # type: ignore[union-attr]
-
-    def _run(self, items: int, nbytes: int, raw: bool, cold: bool, part: Callable[[int, int], Any],
-             launch: Callable[[np.ndarray], np.ndarray]) -> None:
-        """A read of ``items`` rows or frames split into parts (``_parts``): ``part(a, b)`` reads items
-        ``a .. b-1`` in the calling thread, ``launch(bounds)`` all parts at once in one parallel launch; both
-        return ``(error code, slot)`` per part. In one call when there is one part or another thread
-        launches; through the thread pool where parallel launches are unusable, and for cold reads."""
-        parts, launched = self._parts(items, nbytes, raw, cold)
-        way, how = -1, WayChooser.AVERAGE
-        if launched and parts > 1:  # (cold reads never launch; see _parts)
-            way, how = self._ways.pick()
-            if way == 1:
-                parts, launched = self._parts(items, nbytes, raw, cold, pool=True)
-        start = time.perf_counter()
-        bounds = self._bounds.get((items, parts))
-        if bounds is None:
-            bounds = self._bounds[(items, parts)] = np.arange(parts + 1, dtype=np.int64) * items // parts
-            if len(self._bounds) > 64:  # (batch sizes change rarely; keep the table small)
-                self._bounds.clear()
-        par = self._par
-        if parts == 1 or (launched and not par.CORES.begin(parts)):  # type: ignore[union-attr]
-            if way == 0:
-                way = -1  # another thread launches: this read measures neither way
-            results = [part(0, items)]
-        elif launched:
-            try:
-                results = launch(bounds).tolist()
-            finally:
-                par.CORES.end(parts)  # type: ignore[union-attr]
-        else:
-            futures = [self._workers().submit(part, int(bounds[i]), int(bounds[i + 1])) for i in range(1, parts)]
-            results = [part(0, int(bounds[1]))] + [f.result() for f in futures]
-        if way >= 0:
-            self._ways.record(way, time.perf_counter() - start, nbytes, how)
-        for err, slot in results:
-            if err:
-                raise self._error(int(err), int(slot))
-
-    def _take_split(self, frames: np.ndarray, index: np.ndarray, flat: np.ndarray, cold: bool) -> None:
-        """``flat[:] = frames[index]`` through numpy (no native kernels, or no ring), in equal parts run in
-        parallel when it is large enough or ``cold`` (its pages were requested first: the threads wait on page
-        faults side by side)."""
-        parts, _ = self._parts(index.size, flat.nbytes, True, cold, pool=True)
-        bounds = [index.size * i // parts for i in range(parts + 1)]
-        futures = [self._workers().submit(np.take, frames, index[bounds[i]:bounds[i + 1]], 0,
-                                          flat[bounds[i]:bounds[i + 1]], "clip") for i in range(1, parts)]
-        np.take(frames, index[:bounds[1]], axis=0, out=flat[:bounds[1]], mode="clip")
-        for f in futures:
-            f.result()
-
     def gather(self, slots: np.ndarray) -> np.ndarray:
         """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
-        like ``stacks``), split across the same threads, with the same read-ahead of cold pages; frames of
+        like ``stacks``), shared with the same helpers, with the same read-ahead of cold pages; frames of
         compressed chunks are decoded straight into it."""
         frames = self.frames
         out = self._pool.get(slots.shape + frames.shape[1:], frames.dtype)
@@ -454,18 +467,12 @@ class FrameReader:
             self.request(index)
         faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
-        lz4, par, ring = self._native, self._par, self._ring
-        if lz4 is not None and ring is not None:
-            args = self._kernel_args()
-            raw = flat.reshape(-1).view(np.uint8)
-            fb = ring.frame_bytes
-            self._run(index.size, flat.nbytes, not ring.compressed, requested,
-                      lambda a, b: lz4.gather(index[a:b], raw[a * fb:b * fb], *args),
-                      lambda bounds: par.gather(index, bounds, raw, *args))  # type: ignore[union-attr]
+        if self._native is not None and self._ring is not None:
+            self._read(1, index, None, flat, index.size, requested)
         elif self._ring is not None and self._ring.compressed:
             flat[:] = self._reference(index)
         else:
-            self._take_split(frames, index, flat, requested)
+            np.take(frames, index, axis=0, out=flat, mode="clip")
         self._count_faults(requested, faults)
         return out
 
@@ -587,16 +594,13 @@ class FrameReader:
         last_hi = np.maximum.reduceat(hi, first)
         self._advisor.willneed(lo[first] * PAGE, last_hi * PAGE)
 
-    def _workers(self) -> ThreadPoolExecutor:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="mmreplay-read")
-        return self._executor
-
     def close(self) -> None:
         self._advisor.close()
-        if self._helper is not None:
-            self._helper.close()
-        if self._executor is not None:
-            self._executor.shutdown()
-            self._executor = None
+        if self._crew is not None:
+            self._crew.close()
 
+    def forked(self) -> None:
+        """In a forked child: drop the parent's helper threads (they did not survive the fork); the child
+        starts its own on its first shared read."""
+        if self._crew is not None:
+            self._crew.forked()

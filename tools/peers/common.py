@@ -249,22 +249,28 @@ def check(peer: Any, wl: Workload, batches: int = 64) -> dict[str, Any]:
     return stats
 
 
-def sample_rate(peer: Any, seconds: float, prioritized: bool, rng: np.random.Generator) -> dict[str, float]:
-    """Batches per second over ``seconds``, and the minor page faults per batch meanwhile (outputs that
-    the allocator had to map afresh show up there: hundreds per 1.8 MB batch)."""
-    prios = rng.random((64, BATCH)) + 0.01
+def sample_rate(peer: Any, seconds: float, prioritized: bool, rng: np.random.Generator,
+                batch: int = BATCH) -> dict[str, float]:
+    """Batches per second over ``seconds``, the CPU seconds the process used per batch meanwhile (every thread
+    of it: user and system time), and the minor page faults per batch (outputs that the allocator had to map
+    afresh show up there: hundreds per 1.8 MB batch)."""
+    prios = rng.random((64, batch)) + 0.01
     n = 0
     clock = time.perf_counter
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    draw = peer.sample if batch == BATCH else (lambda: peer.sample(batch))
+    before = resource.getrusage(resource.RUSAGE_SELF)
     t0 = clock()
     while True:
-        raw = peer.sample()
+        raw = draw()
         if prioritized:
             peer.update(raw, prios[n % 64])
         n += 1
         if n % 8 == 0 and clock() - t0 >= seconds:
-            rate = n / (clock() - t0)
-            return {"rate": rate, "minflt": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / n}
+            wall = clock() - t0
+            after = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            return {"rate": n / wall, "cpu_per_batch": cpu / n, "cpu_share": cpu / wall,
+                    "minflt": (after.ru_minflt - before.ru_minflt) / n}
 
 
 def learner_malloc_state(nbytes: int = 16 * 2**20) -> bool:
@@ -328,7 +334,8 @@ def run(peer_cls: Any, cfg: dict[str, Any]) -> None:
         cmd, _, arg = line.strip().partition(" ")
         try:
             if cmd == "sample":
-                emit(**sample_rate(peer, float(arg), cfg["prioritized"], rng))
+                seconds, _, batch = arg.partition(" ")
+                emit(**sample_rate(peer, float(seconds), cfg["prioritized"], rng, int(batch or BATCH)))
             elif cmd == "warm":
                 peer.warm()
                 emit(ok=True)

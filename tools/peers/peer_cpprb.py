@@ -66,10 +66,10 @@ class Peer:
     def warm(self) -> None:
         pass  # anonymous memory, touched when cpprb allocates it
 
-    def sample(self) -> dict[str, np.ndarray]:
+    def sample(self, batch: int = BATCH) -> dict[str, np.ndarray]:
         if self.cfg["prioritized"]:
-            return self.rb.sample(BATCH, beta=BETA)
-        return self.rb.sample(BATCH)
+            return self.rb.sample(batch, beta=BETA)
+        return self.rb.sample(batch)
 
     def sample_for_check(self) -> dict[str, np.ndarray]:
         if self.cfg["prioritized"]:

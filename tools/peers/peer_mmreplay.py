@@ -66,8 +66,8 @@ class Peer:
             return
         warm(self.store)
 
-    def sample(self) -> Any:
-        return self.store.sample(BATCH)
+    def sample(self, batch: int = BATCH) -> Any:
+        return self.store.sample(batch)
 
     def update(self, b: Any, priorities: np.ndarray) -> None:
         self.store.update_priorities(b.index, priorities)

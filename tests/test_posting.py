@@ -1,4 +1,4 @@
-"""Frames posted to the reader's helper thread (``native.handoff``) are the frames read in one thread, whoever
+"""Frames posted to the reader's helper threads (``native.crew``) are the frames read in one thread, whoever
 reads which rows; ``batches()`` hands out ``sample()``'s batches while posting; nothing a posted read
 uses is freed or unmapped under it (an iterator dropped unclosed, a closed store, a forked child); and
 posting stops while joins cost more than plain reads."""
@@ -15,10 +15,10 @@ import pytest
 from compression_helpers import atari_frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_parallel import atari_store, damaged_slots, damaged_store
+from test_crew import atari_store, damaged_slots, damaged_store
 
 import mmreplay as mr
-from mmreplay.native import handoff, parallel
+from mmreplay.native import crew
 from mmreplay.reader import FrameReader, PostGate
 
 
@@ -47,11 +47,11 @@ def _reference(store: mr.ReplayStore) -> FrameReader:
     return FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)  # numpy / numcodecs, one thread
 
 
-def _finished_by_helper(helper: handoff.Helper, task: tuple[int, int]) -> bool:
+def _finished_by_helper(helper: crew.Crew, task: tuple[int, int]) -> bool:
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        done = int(helper.ctl[handoff.DONE])
-        if done >> handoff.SEQ_SHIFT == task[0] and done & handoff.LOW == task[1]:
+        done = int(helper.ctl[crew.DONE])
+        if done >> crew.SEQ_SHIFT == task[0] and done & crew.LOW == task[1]:
             return True
         time.sleep(0.001)
     return False
@@ -64,7 +64,7 @@ def test_a_posted_read_is_the_one_thread_read(stores, kind, b, chunks, wait, see
     store = stores[kind]
     ring = store._parts.log.ring
     reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
-    reader.POST_CHUNKS = chunks
+    reader.CHUNKS = chunks
     one = _reference(store)
     try:
         for i in range(3):  # the helper's second and third tasks too
@@ -145,7 +145,7 @@ def test_batches_posting_hand_out_the_sampled_batches(tmp_path, kind):
             got.append(next(it))
             if i % 20 == 10:
                 time.sleep(0.003)  # a learner's step: the helper reads the next batch alone
-        assert b._reader._posts >= 60  # (the first batch of an iterator is read in the caller's thread)
+        assert b._reader._gate.posts >= 60  # (the first batch of an iterator is read in the caller's thread)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             for name in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index"):
                 np.testing.assert_array_equal(getattr(g, name), getattr(w, name), err_msg=f"{name} {i}")
@@ -176,14 +176,14 @@ def test_an_iterator_dropped_with_a_posted_read_frees_and_unmaps_nothing_in_use(
         s.commit()
     finally:
         s.close()
-    assert not any(t.name == "mmreplay-handoff" and t.is_alive() for t in threading.enumerate())
+    assert not any(t.name == "mmreplay-read" and t.is_alive() for t in threading.enumerate())
 
 
 def _child_batches(path: str, q: multiprocessing.Queue) -> None:
     with mr.ReplayStore.open(path, mode="r", seed=3) as s:
         it = s.batches(16, prefetch=2)
         got = [next(it) for _ in range(5)]
-        q.put(([g.obs.tobytes() for g in got], s._reader._posts))
+        q.put(([g.obs.tobytes() for g in got], s._reader._gate.posts))
 
 
 def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
@@ -191,7 +191,7 @@ def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
     it = store.batches(16, prefetch=2)
     for _ in range(3):
         next(it)
-    assert store._reader._posts > 0  # this process's helper is running
+    assert store._reader._gate.posts > 0  # this process's helpers are running
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child_batches, args=(store.path, q))
@@ -204,12 +204,11 @@ def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
         assert obs == [s.sample(16).obs.tobytes() for _ in range(5)]
 
 
-def test_no_posting_where_threads_must_not_wait_awake(stores, monkeypatch):
-    monkeypatch.setattr(parallel.CORES, "passive", True)
+def test_no_posting_where_there_are_no_helpers(stores):
     store = stores["raw"]
     plan = _plan(store, 8, 0)
     ring = store._parts.log.ring
-    reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+    reader = FrameReader(ring.arrays["obs"], 1, False, ring=ring)  # one thread: the caller reads alone
     assert reader.post_stacks(plan.obs_slots, plan.next_slots) is None
     reader.close()
 
