@@ -155,7 +155,60 @@ def limits(capacity: int, seconds: float = 1.0) -> dict[str, float]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def report(rows: list[dict[str, Any]], lim: dict[str, float] | None, args: argparse.Namespace, minutes: float) -> str:
+LEARNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "learner_child.py")
+
+
+def learner(workload: str, args: argparse.Namespace) -> dict[str, Any]:
+    """A DQN-style loop (sample 32, a small one-thread PyTorch update) on mmreplay and on an in-RAM numpy ring,
+    each in its own process, in alternating windows, beside ``args.busy`` CPU-bound processes."""
+    import json
+
+    procs = {k: subprocess.Popen([sys.executable, LEARNER, k, str(args.capacity), workload], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True) for k in ("mmreplay", "numpy")}
+
+    def ask(k: str, cmd: str | None) -> dict[str, Any]:
+        p = procs[k]
+        assert p.stdin is not None and p.stdout is not None
+        if cmd:
+            p.stdin.write(cmd + "\n")
+            p.stdin.flush()
+        while True:
+            line = p.stdout.readline()
+            if not line:
+                raise RuntimeError(f"learner child {k} exited with {p.wait()}")
+            if line.startswith("@@"):
+                return dict(json.loads(line[2:]))
+
+    busy: list[subprocess.Popen[bytes]] = []
+    got: dict[str, list[dict[str, Any]]] = {k: [] for k in procs}
+    try:
+        for k in procs:
+            ask(k, None)  # ready
+        busy = busy_processes(args.busy)
+        load = os.getloadavg()[0]
+        for k in procs:
+            ask(k, f"run {args.seconds / 2}")
+        for r in range(args.rounds):
+            for k in (("mmreplay", "numpy") if r % 2 == 0 else ("numpy", "mmreplay")):
+                got[k].append(ask(k, f"run {args.seconds}"))
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+        for p in procs.values():
+            if p.stdin is not None:
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+            p.wait(timeout=120)
+    ratio = statistics.median(a["rate"] / b["rate"] for a, b in zip(got["mmreplay"], got["numpy"], strict=True))
+    out = {f"{k}_{q}": statistics.median(w[q] for w in got[k]) for k in got for q in ("rate", "cpu_share")}
+    log(f"learner beside {args.busy} busy processes: mmreplay {out['mmreplay_rate']:,.0f} steps/s, numpy ring "
+        f"{out['numpy_rate']:,.0f} steps/s: x{ratio:.2f}")
+    return {"ratio": ratio, "load": load, **out}
+
+
+def report(rows: list[dict[str, Any]], lim: dict[str, float] | None, args: argparse.Namespace, minutes: float,
+           learn: dict[str, Any] | None = None) -> str:
     out = [f"Capacity {args.capacity:,}, the reference workload (real Atari frames, stack 4, n-step 3), mmreplay "
            f"against cpprb's {'n-step' if args.variant == 'nstep' else '1-step'} buffer, each in its own long-lived "
            f"process, sampled in alternating {args.seconds:g} s windows ({args.rounds} each; medians). "
@@ -187,6 +240,12 @@ def report(rows: list[dict[str, Any]], lim: dict[str, float] | None, args: argpa
                 f"{lim['copy_us']:.0f} us copying the rest of its output "
                 f"({lim['sample_us'] / (lim['decode_us'] + lim['copy_us']):.2f}x their sum; the rest is drawing, "
                 "planning and assembling the batch).", ""]
+    if learn:
+        out += [f"A DQN-style loop (`tools/peers/learner_child.py`: `sample(32)`, then a small one-thread PyTorch "
+                f"update) beside {args.busy} CPU-bound processes (load {learn['load']:.1f}): mmreplay "
+                f"{learn['mmreplay_rate']:,.0f} steps/s using {learn['mmreplay_cpu_share']:.2f} CPU, the same loop on "
+                f"an in-RAM numpy ring (`np.take` of the stacks, no episode handling) {learn['numpy_rate']:,.0f} "
+                f"steps/s using {learn['numpy_cpu_share']:.2f} CPU: **{learn['ratio']:.2f}x**.", ""]
     return "\n".join(out)
 
 
@@ -205,6 +264,8 @@ def main() -> None:
     ap.add_argument("--append-budget", type=float, default=20.0)
     ap.add_argument("--keep-venvs", action="store_true")
     ap.add_argument("--no-limits", action="store_true", help="skip the decode/copy limit measurement")
+    ap.add_argument("--learner", action="store_true", help="also the DQN-style loop against a numpy ring")
+    ap.add_argument("--only-learner", action="store_true", help="only the DQN-style loop")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -214,15 +275,19 @@ def main() -> None:
     try:
         workload = os.path.join(scratch, "workload.npz")
         make_workload(workload, args.capacity + args.capacity // 10, "atari")
-        python = ensure_venv("cpprb", scratch, args.keep_venvs)
-        for compression in args.compression.split(","):
-            for kind in args.kinds.split(","):
-                log(f"{kind}, mmreplay frames {compression}")
-                run_pair(kind, compression, python, scratch, workload, args, rows)
-        lim = None if args.no_limits else limits(min(args.capacity, 50_000))
+        lim = learn = None
+        if not args.only_learner:
+            python = ensure_venv("cpprb", scratch, args.keep_venvs)
+            for compression in args.compression.split(","):
+                for kind in args.kinds.split(","):
+                    log(f"{kind}, mmreplay frames {compression}")
+                    run_pair(kind, compression, python, scratch, workload, args, rows)
+            lim = None if args.no_limits else limits(min(args.capacity, 50_000))
+        if args.learner or args.only_learner:
+            learn = learner(workload, args)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    body = report(rows, lim, args, (time.time() - t0) / 60)
+    body = report(rows, lim, args, (time.time() - t0) / 60, learn)
     if not args.no_write:
         write_section("cpu", body)
     print(body)
