@@ -242,7 +242,7 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
                     "`np.take` + masks", take_numpy, "`lz4.gather_pairs`", take_kernel, 200))
     rows.append(row(f"both stacks of every row, the store's reader, B={b}",
                     "`np.take` + masks (one thread)", take_numpy,
-                    f"`FrameReader.stacks` (`parallel.gather_pairs`, {reader.threads} threads)", take_reader, 200))
+                    f"`FrameReader.stacks` (`native.crew`, up to {reader.threads} threads)", take_reader, 200))
     reward = arrays["reward"]
     discounts = s._discounts
 
@@ -299,11 +299,11 @@ t0 = time.perf_counter()
 import numba
 t1 = time.perf_counter()
 import numpy as np
-from mmreplay.native import lz4, parallel, plan, priorities, sumtree
+from mmreplay.native import crew, lz4, plan, priorities, sumtree
 kernels = [sumtree.check_set, sumtree.tree_set, sumtree.tree_set_with, sumtree.tree_load, sumtree.tree_flush,
            sumtree.tree_find, sumtree.tree_stratified, sumtree.tree_stratified_normalised, sumtree.tree_proportional,
            priorities.priority_update, plan.plan_batch,
-           plan.nstep_returns, lz4.gather_pairs, parallel.gather_pairs]
+           plan.nstep_returns, lz4.gather_pairs, lz4.gather, crew.post, crew.join, crew.serve]
 t2 = time.perf_counter()
 ist, fst = sumtree.new_state(5000)
 sumtree.tree_load(ist, fst, np.ones(5000))
@@ -321,7 +321,9 @@ raw = np.zeros(256 * 7056, np.uint8); kind = np.zeros(4, np.int8); z = np.zeros(
 comp = np.zeros(8, np.uint8); out = np.empty(2 * 2 * 4 * 7056, np.uint8)
 args = (raw, comp, comp.view(np.int64), kind, z, z, 64, 0, 7056)
 lz4.gather_pairs(st[0], st[1], 0, 2, out, *args)
-parallel.gather_pairs(st[0], st[1], np.array([0, 1, 2]), out, *args)
+lz4.gather(st[0].reshape(-1), out, *args)
+ctl = np.zeros(crew.CTL_SIZE, np.int64); crew.post(ctl, 1, 0, np.zeros(crew.FIELDS, np.int64)); crew.join(ctl, 1, 0)
+ctl[crew.STOP] = 1; crew.serve(ctl)
 t3 = time.perf_counter()
 hits = sum(sum(k.stats.cache_hits.values()) for k in kernels)
 misses = sum(sum(k.stats.cache_misses.values()) for k in kernels)
@@ -462,7 +464,7 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> 
         "the priority update, the sum tree); the numpy references are the tests' oracles, which give the same",
         "arrays bit for bit (tests/test_native_*.py). The stacks rows: `lz4.gather_pairs` copies raw frames and",
         "decodes compressed ones; a row's next_obs frames its obs stack holds are copied from the output. The",
-        "store's reader runs it over the batch's parts on both cores in one parallel launch.",
+        "store's reader shares a batch's rows between the calling thread and helper threads (`native.crew`).",
         f"Per call, microseconds, best of 5 repeats over 64 rotating random batches of the {args.capacity:,}"
         " store above (warm).",
         "",
@@ -472,7 +474,7 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> 
         f" {med('mmreplay_s', imports) * 1e3:.0f} ms in all (numba included: the index and the sum tree import"
         " their kernels);",
         f"first calls of the {first['kernels']} kernels of the table (the sum tree's {first['kernels'] - 5}, the plan,"
-        f" the returns, the priority update, the stack copy in one thread and in one parallel launch) in a process with an empty cache (compilation): {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
+        f" the returns, the priority update, the stack copy in one thread and shared with helpers) in a process with an empty cache (compilation): {first['first_calls_s']:.1f} s ({first['cache_misses']} compiled);",
         f"the same in a new process with the cache (`cache=True`, in `mmreplay/native/__pycache__` or"
         f" `NUMBA_CACHE_DIR`): {med('first_calls_s', again) * 1e3:.0f} ms,"
         f" {again[0]['cache_hits']} signatures loaded from the cache and {misses_again} compiled again in"
