@@ -26,6 +26,10 @@ from .storage import framefile
 from .storage.ring import ChunkRing
 from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
+# whose major page faults tell a cold read: the calling thread's (it reads part of every read, and asking for
+# one thread's counts is cheaper than summing every thread's), or the process's where there is no such call
+_FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
 
 class PostedStacks:
     """A ``FrameReader.post_stacks`` read: its task, its output, and the slot arrays it reads (kept alive
@@ -336,7 +340,7 @@ class FrameReader:
         requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
         if requested:
             self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        faults = resource.getrusage(_FAULTS_OF).ru_majflt
         if self._native is not None and self._ring is not None:
             obs = np.ascontiguousarray(obs_slots, np.int64)
             nxt = np.ascontiguousarray(next_slots, np.int64)
@@ -451,7 +455,7 @@ class FrameReader:
         if self.prefetch_io == "auto":
             if requested:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
-            elif resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults >= self.COLD_FAULTS:
+            elif resource.getrusage(_FAULTS_OF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
                 self._read_ahead()
 
@@ -465,7 +469,7 @@ class FrameReader:
         requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
         if requested:
             self.request(index)
-        faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        faults = resource.getrusage(_FAULTS_OF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
         if self._native is not None and self._ring is not None:
             self._read(1, index, None, flat, index.size, requested)

@@ -208,6 +208,32 @@ def prefetch_entries(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, comp
 
 
 @nb.njit(nogil=True, cache=True)
+def prefetch_raw(slot: int, raw: np.ndarray, kind: np.ndarray, rows_alloc: int, fb: int) -> None:
+    """Hint the first line of each page a raw frame spans. A frame read from the page cache crosses 4 KiB
+    pages the hardware prefetcher does not cross, each with its own TLB miss: started a row ahead, those
+    misses overlap the copy of the row before."""
+    pos = slot // rows_alloc
+    if slot < 0 or pos >= kind.size or kind[pos] != KIND_RAW:
+        return
+    a = slot * fb
+    e = a + fb
+    while a < e:
+        prefetch(raw, a)
+        a = (a // 4096 + 1) * 4096
+
+
+@nb.njit(nogil=True, cache=True)
+def prefetch_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, raw: np.ndarray, comp: np.ndarray,
+                 comp64: np.ndarray, kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int,
+                 fb: int) -> None:
+    """The frames of row ``r``: ``prefetch_entries`` for compressed ones, ``prefetch_raw`` for raw ones."""
+    prefetch_entries(obs_slots, next_slots, r, comp, comp64, kind, table, rows_alloc, cstride)
+    k = obs_slots.shape[1]
+    for j in range(2 * k):
+        prefetch_raw(obs_slots[r, j] if j < k else next_slots[r, j - k], raw, kind, rows_alloc, fb)
+
+
+@nb.njit(nogil=True, cache=True)
 def prefetch_records(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int, comp: np.ndarray,
                      kind: np.ndarray, table: np.ndarray, rows_alloc: int, cstride: int) -> None:
     """Start loading the entry records of rows ``r0 .. r1-1`` (their cache misses overlap; nothing waits)."""
@@ -257,9 +283,13 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
     flattened. A ``next_obs`` frame that is also one of the row's ``obs`` frames (``k - m`` of them) is
     copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
     prefetch_records(obs_slots, next_slots, r0, r1, comp, kind, table, rows_alloc, cstride)  # no load waits on another
+    if r0 < r1:
+        k = obs_slots.shape[1]
+        for j in range(2 * k):
+            prefetch_raw(obs_slots[r0, j] if j < k else next_slots[r0, j - k], raw, kind, rows_alloc, fb)
     for r in range(r0, r1):
-        if r + 1 < r1:  # the next row's entries: their cache misses overlap this row's work
-            prefetch_entries(obs_slots, next_slots, r + 1, comp, comp64, kind, table, rows_alloc, cstride)
+        if r + 1 < r1:  # the next row's frames: their cache and TLB misses overlap this row's work
+            prefetch_row(obs_slots, next_slots, r + 1, raw, comp, comp64, kind, table, rows_alloc, cstride, fb)
         err, slot = pair_row(obs_slots, next_slots, r, out, raw, comp, comp64, kind, table, data_end, rows_alloc,
                              cstride, fb)
         if err:
@@ -272,6 +302,8 @@ def gather(slots: np.ndarray, out: np.ndarray, raw: np.ndarray, comp: np.ndarray
            kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
     """Frames ``slots`` (1-D) into ``out`` (len(slots) * fb bytes). Returns ``(0, 0)`` or ``(error, slot)``."""
     for i in range(slots.size):
+        if i + 1 < slots.size:
+            prefetch_raw(slots[i + 1], raw, kind, rows_alloc, fb)
         err = _frame(slots[i], out, i * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
         if err:
             return err, slots[i]
