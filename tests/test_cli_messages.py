@@ -97,8 +97,9 @@ def test_show_ids_are_named_as_the_flag(stores):
 @pytest.mark.parametrize("command", ["show", "stats"])
 def test_an_unwritable_out_is_named_before_any_work(stores, command):
     require("PIL")
-    err = refused(command, stores / "s", "--out", "/nonexistent/x.png", names="--out /nonexistent/x.png")
-    assert "does not exist" in err
+    missing = stores / "no-such-dir" / "x.png"
+    err = refused(command, stores / "s", "--out", missing, names=f"--out {missing}")
+    assert "does not exist" in err and not missing.parent.exists()
     err = refused(command, stores / "s", "--out", stores, names=f"--out {stores}")
     assert "is a directory" in err
 
@@ -107,6 +108,15 @@ def test_an_unwritable_out_is_named_before_any_work(stores, command):
 def test_a_missing_store_is_named(stores, command):
     args = [command, stores / "nothing"] + ([stores / "o.zarr"] if command == "export" else [])
     refused(*args, names=f"{stores / 'nothing'}: no such")
+
+
+def test_export_options_are_named_as_flags(stores):
+    require("h5py")
+    out = stores / "o.hdf5"
+    err = refused("export", stores / "s", out, "--format", "hdf5", "--compression", "bogus", names="--compression bogus")
+    assert "expected one of gzip, lzf, none" in err
+    refused("export", stores / "s", out, "--format", "hdf5", "--level", "12", names="--level 12")
+    assert not out.exists()
 
 
 def test_bench_refuses_a_capacity_whose_figures_mean_nothing():

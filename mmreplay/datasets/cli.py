@@ -48,8 +48,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         options["compression"] = None if args.compression == "none" else args.compression
     if args.next_observations:
         options["next_observations"] = True
-    result = export(args.path, args.out, format=args.format, overwrite=args.overwrite,
-                    progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
+    try:
+        result = export(args.path, args.out, format=args.format, overwrite=args.overwrite,
+                        progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
+    except ValueError as exc:  # an option the format refuses: its message names the keyword, say the flag
+        text = str(exc)
+        for name in options:
+            if text.startswith(f"{name}: "):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {getattr(args, name)}: {text[len(name) + 2:]} (--format"
+                                 f" {args.format})") from None
+        raise
     out(f"exported {result.summary()}")
     out(f"took {result.seconds:.1f} s")
     if result.format == "hdf5" and not result.extra.get("next_observations"):
