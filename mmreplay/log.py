@@ -425,10 +425,10 @@ class ChunkLog:
 
     def _check_prefix(self) -> None:
         """At open: the open chunk's committed rows against the checksums the last commit recorded."""
-        p = self._prefix
-        assert p is not None
+        p, c = self._prefix, self.chunks[-1]
+        if p is None or p.seq != c.seq:  # the last commit recorded no checksums (an older writer)
+            return
         n, rs = self.schema.num_envs, self.rows_per_stream
-        c = self.chunks[-1]
         bad = first_damage(p, self.ring.arrays, (c.seq % self.ring.positions) * self.schema.rows_alloc, rs,
                            stream_extents(rs, n, self.index.geo.extents_of(c.seq)))
         if bad is not None:
