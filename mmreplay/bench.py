@@ -22,6 +22,9 @@ from .synthetic import atari_like_episodes
 
 OBS = (84, 84)
 BATCH = 32
+# ``mmreplay bench`` refuses smaller capacities: below ~71 MB of frames the store sits in the CPU's caches
+# (sampling then "beats" memcpy of 256 MB) and holds a few of the 100..3000-step episodes at most.
+MIN_CAPACITY = 10_000
 
 
 def frame_pool(size: int = 2048, seed: int = 0, obs_shape: tuple[int, ...] = OBS) -> np.ndarray:

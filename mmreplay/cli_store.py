@@ -51,7 +51,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         out(f"frames      {_frames(sch, doc['chunks'])}")
         out(f"capacity    {sch.capacity:,} transitions; chunks of {sch.chunk_size:,} slots,"
             f" {len(doc['chunks'])} retained")
-        out(f"ids         {lo:,}..{hi - 1:,} retained ({hi - lo:,}), {len(s):,} sampleable")
+        out(f"ids         {id_span(lo, hi)}, {len(s):,} sampleable")
         tab = s.episodes()
         out(f"episodes    {len(tab):,} ({int(tab.complete.sum()):,} complete)")
         out(f"disk        {disk_bytes(s.path) / 2**20:,.1f} MiB")
@@ -65,6 +65,13 @@ def cmd_info(args: argparse.Namespace) -> int:
             state = "present" if os.path.exists(os.path.join(snap["path"], "manifest.json")) else "gone"
             out(f"snapshot    {snap['path']} (generation {snap['generation']}, {state})")
     return 0
+
+
+def id_span(lo: int, hi: int) -> str:
+    """The retained ids ``lo..hi-1`` in words: ``0..299 retained (300)``, or none yet."""
+    if hi <= lo:
+        return f"none retained (next id {hi:,})"
+    return f"{lo:,}..{hi - 1:,} retained ({hi - lo:,})"
 
 
 def _frames(sch: Schema, chunks: list[dict[str, Any]]) -> str:
@@ -102,8 +109,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import quick_bench
+    from .bench import MIN_CAPACITY, quick_bench
 
+    if args.capacity < MIN_CAPACITY:
+        raise ValueError(f"--capacity {args.capacity:,}: expected at least {MIN_CAPACITY:,} transitions. A smaller"
+                         " store's frames fit in the CPU's caches and hold a few episodes at most, so its"
+                         " figures (efficiency against memcpy among them) say nothing about a replay buffer;"
+                         f" use --capacity {MIN_CAPACITY:,} or more (the default is 20,000)")
     for line in quick_bench(args.capacity, args.path, quiet=args.quiet):
         out(line)
     return 0
@@ -116,15 +128,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     i.add_argument("path", help="a store or snapshot directory, or a dataset: an mmreplay zarr directory, a D4RL"
                    " HDF5 file, a Minari dataset directory, or a directory of Dopamine replay checkpoints")
     i.set_defaults(func=cmd_info)
-    v = sub.add_parser("verify", parents=[common], help="check every file of a store or snapshot; exit 1 on problems")
-    v.add_argument("path")
+    v = sub.add_parser("verify", parents=[common], help="check every file of a store or snapshot; exit 1 on problems",
+                       description="Check a store's or snapshot's manifest, every chunk file's size and checksum"
+                       " (the open chunk's committed rows included), transition counts and state files. Prints"
+                       " each problem found and exits 1 if there is any.")
+    v.add_argument("path", help="a store or snapshot directory")
     v.set_defaults(func=cmd_verify)
     b = sub.add_parser("bench", parents=[common], help="a quick run of the reference workload at small capacity",
                        description="Append, sample(32) and memory figures of the reference workload (84x84 uint8"
                        " frames, stack 4, n-step 3, gamma 0.99, episodes of 100..3000 steps, batches of 32) at a"
                        " small capacity. The full benchmarks are scripts in tools/ (see BENCHMARKS.md).")
     b.add_argument("--capacity", type=positive_int, default=20_000,
-                   help="store capacity in transitions (default: 20000); the store is filled to 1.1x it,"
+                   help="store capacity in transitions (default: 20000); at least 10000; the store is filled to 1.1x it,"
                         " about 71 MB of frames per 10,000 transitions, deleted afterwards")
     b.add_argument("--path", help="scratch directory (default: a temporary directory, removed afterwards)")
     b.set_defaults(func=cmd_bench)

@@ -32,7 +32,7 @@ from .errors import CorruptStoreError
 from .index import Index
 from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
-from .prefixcrc import PrefixCrc, stream_extents
+from .prefixcrc import PrefixCrc, damage_error, first_damage, stream_extents
 from .storage import npyfile
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
@@ -423,6 +423,19 @@ class ChunkLog:
         p.extend(self.ring.arrays, base, rs, stream_extents(rs, n, self.index.geo.extents_of(c.seq)), fill)
         return p.to_json()
 
+    def _check_prefix(self) -> None:
+        """At open: the open chunk's committed rows against the checksums the last commit recorded."""
+        p, c = self._prefix, self.chunks[-1]
+        if p is None or p.seq != c.seq:  # the last commit recorded no checksums (an older writer)
+            return
+        n, rs = self.schema.num_envs, self.rows_per_stream
+        bad = first_damage(p, self.ring.arrays, (c.seq % self.ring.positions) * self.schema.rows_alloc, rs,
+                           stream_extents(rs, n, self.index.geo.extents_of(c.seq)))
+        if bad is not None:
+            name, s, got, want = bad
+            col = next(col for col in self.ring.columns if col.name == name)
+            raise damage_error(self.ring.file_path(c.name, col), s, p.rows[s], got, want)
+
     def after_commit(self) -> None:
         """The manifest listing the current chunks is durable: drop retired chunks the old one needed."""
         for name in self.to_delete:
@@ -493,6 +506,8 @@ class ChunkLog:
             log._prefix = PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
         try:
             log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
+            if prefix is not None:
+                log._check_prefix()
         except BaseException:
             log.close()
             raise

@@ -19,6 +19,7 @@ __all__ = ["Prioritized", "RateLimit", "Schema", "ExtraSpec"]
 PAGE_ROWS = 4096  # a chunk's stride in the ring is a multiple of this many rows (see FORMAT.md)
 MAX_MAPPED_FILES = 30_000  # chunk files mapped at once: half of Linux's default vm.max_map_count
 TARGET_CHUNK_BYTES = 16 * 2**20
+SMALL_CHUNK_BYTES = 2**20  # the least frame bytes of a small store's chunk (default_chunk_size)
 # Resource bounds, checked before anything is allocated or created (see validate_limits).
 MAX_STACK = 1_000  # frames per state: a batch gathers B x stack frames
 MAX_N_STEP = 1_000  # n-step window: the index examines rows x n_step entries, a batch B x n_step
@@ -446,13 +447,24 @@ def extent_rows(rows_per_stream: int) -> int:
 
 
 def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:
-    """A chunk of ~16 MB of frames, a multiple of 4096 rows, and at most ~1/8 of the capacity.
+    """Frame slots per chunk when ``chunk_size=None`` (FORMAT.md, "Chunk size").
 
-    Multiples of 4096 rows keep every column file page-aligned without padding;
-    the 1/8 cap bounds the slack (up to two chunks) a small store carries.
+    A store whose capacity is at least 8 x 4096 rows (the page-aligned unit, times ``num_envs`` when that
+    does not divide 4096): ~16 MB of frames, a multiple of the unit, at least one unit and at most ~1/8
+    of the capacity. Multiples of 4096 rows keep every column file page-aligned without padding; the
+    1/8 cap bounds the slack (up to two chunks) a store carries.
+
+    A smaller store: 1/32 of its capacity, at least ~1 MiB of frames, at most the unit, a multiple of
+    ``num_envs`` (at least 16 rows per stream). A chunk of a whole unit there would be most of the
+    store's disk: the open chunk's files are preallocated raw at their full size (so a full disk is an
+    error, never a SIGBUS), while sealed chunks' frames shrink.
     """
     unit = _chunk_unit(num_envs)
     by_bytes = max(1, TARGET_CHUNK_BYTES // max(frame_bytes, 1))
     by_capacity = max(1, capacity // 8)
-    rows = min(by_bytes, by_capacity)
-    return max(unit, (rows // unit) * unit)
+    if by_capacity >= unit:
+        rows = min(by_bytes, by_capacity)
+        return max(unit, (rows // unit) * unit)
+    least = max(SMALL_CHUNK_BYTES // max(frame_bytes, 1), 16 * num_envs)
+    rows = min(unit, max(min(by_bytes, capacity // 32), least))
+    return -(-rows // num_envs) * num_envs

@@ -7,6 +7,9 @@ committed rows of the open chunk in row order (the chunk entry's ``prefix_crc32`
 rewritten (``reset()`` of an open episode records the end with the new START row): so the CRC of rows
 ``0 .. n-1`` extends to ``0 .. m-1`` by feeding it rows ``n .. m-1`` alone, and a commit costs
 O(rows written since the last one), never O(chunk).
+
+``open()`` recomputes them over the committed rows (``first_damage``): damage in the open chunk is
+an error at open, not rows read back silently. That costs one CRC pass over at most one chunk's files.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .errors import CorruptStoreError
 from .layout import home_extents, stream_runs
 
-__all__ = ["PrefixCrc", "crc32_rows", "stream_extents"]
+__all__ = ["PrefixCrc", "crc32_rows", "damage_error", "first_damage", "stream_extents"]
 
 
 def crc32_rows(column: np.ndarray, base: int, runs: list[tuple[int, int]], crc: int = 0) -> int:
@@ -67,3 +71,27 @@ class PrefixCrc:
 
     def to_json(self) -> dict[str, list[int]]:
         return {name: list(crcs) for name, crcs in self.crc.items()}
+
+
+def first_damage(recorded: PrefixCrc, arrays: dict[str, np.ndarray], base: int, rows_per_stream: int,
+                 extents: list[list[int]]) -> tuple[str, int, int, int] | None:
+    """Recompute the open chunk's checksums over the rows ``recorded`` covers (the last commit's):
+    ``(column, stream, got, recorded)`` of the first that differs, else None.
+
+    It returns rather than raises: a traceback must not hold ``arrays``, views of mappings the failed
+    open unmaps (printing them would fault)."""
+    fresh = PrefixCrc.empty(recorded.seq, list(recorded.crc), len(recorded.rows))
+    fresh.extend(arrays, base, rows_per_stream, extents, recorded.rows)
+    for name, crcs in recorded.crc.items():
+        for s, (want, got) in enumerate(zip(crcs, fresh.crc[name], strict=True)):
+            if got != want:
+                return name, s, got, want
+    return None
+
+
+def damage_error(path: str, stream: int, rows: int, got: int, want: int) -> CorruptStoreError:
+    """The error ``open()`` raises for an open chunk's column file whose committed rows changed."""
+    return CorruptStoreError(
+        f"{path}: the committed rows of stream {stream} in this open chunk ({rows:,} rows) have checksum"
+        f" {got:#010x}, not the {want:#010x} the last commit recorded (the file was modified or damaged);"
+        " mmreplay verify lists every damaged file")

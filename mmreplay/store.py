@@ -192,7 +192,7 @@ class ReplayStore:
 
         ``capacity`` counts transitions: at least the ``capacity`` most recent ones stay sampleable.
         ``chunk_size`` counts frame slots per chunk file (all envs together); ``None`` picks ~16 MB of
-        frames. ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
+        frames, less in stores of under 32,768 transitions (FORMAT.md, "Chunk size"). ``extras`` declares per-transition columns as ``{name: (shape, dtype)}``. ``metadata`` is
         any JSON-serializable dict kept with the store (``store.metadata``; saved by each commit).
         ``rate_limit=mr.RateLimit(...)`` holds the ratio of sampled rows to stored transitions across every
         process of the store (see ``RateLimit``). ``quantize=True`` (uint8 frames) lets ``reset``/``step``

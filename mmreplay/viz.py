@@ -18,6 +18,7 @@ Pictures need Pillow (``pip install 'mmreplay[image]'``), imported only when a p
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +26,9 @@ from typing import Any
 import numpy as np
 
 from .batch import Batch
-from .cli import out, positive_int, require_store
+from .cli import out, output_file, positive_int, require_store
 from .episodes import EpisodeTable
+from .errors import NotSampleableError
 from .store import ReplayStore
 
 __all__ = ["stack_padding", "show_image", "StoreStats", "store_stats", "stats_text", "stats_image"]
@@ -491,17 +493,19 @@ def _no_pillow(command: str, exc: ImportError) -> int:
 
 def cmd_show(args: argparse.Namespace) -> int:
     require_store(args.path)
+    output_file("--out", args.out)
     with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:  # a wrong path is reported first
         try:
             _pil()
         except ImportError as exc:
             return _no_pillow("show", exc)
         if args.ids:
-            batch = store.gather(np.asarray(args.ids, np.int64))
+            batch = _gather_ids(store, args.path, args.ids)
         else:
             n = min(args.rows, len(store))
             if n == 0:
-                raise ValueError(f"{args.path} has no sampleable transition yet")
+                raise ValueError(f"{args.path} has no sampleable transition yet (mmreplay info {args.path} says"
+                                 " what it holds); record more steps first")
             batch = store.sample(n, replace=store.schema.prioritized is not None)
         img = show_image(store, batch)
     img.save(args.out)
@@ -509,8 +513,30 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+_API_ID = re.compile(r"index\[\d+\] = (-?\d+) (.*)", re.S)
+
+
+def _gather_ids(store: ReplayStore, path: str, ids: list[int]) -> Batch:
+    """The rows of ``--ids``, each refused in command-line terms unless a retained, sampleable transition."""
+    lo, hi = store.id_range
+    have = f"its retained ids are {lo}..{hi - 1}" if hi > lo else "it retains no transition yet"
+    for i in ids:
+        if not lo <= i < hi:
+            raise ValueError(f"--ids {i}: no such transition in {path} ({have}); give ids in that range, or leave"
+                             " --ids out to draw a sample")
+    try:
+        return store.gather(np.asarray(ids, np.int64))
+    except NotSampleableError as exc:  # retained, but not sampleable: the API's words name the id
+        m = _API_ID.fullmatch(str(exc))
+        why = f"{m.group(1)} {m.group(2)}" if m else str(exc)
+        raise ValueError(f"--ids {why}; give sampleable ids ({have}; mmreplay stats {path} counts the"
+                         " sampleable ones), or leave --ids out to draw a sample") from None
+
+
 def cmd_stats(args: argparse.Namespace) -> int:
     require_store(args.path)
+    if args.out:
+        output_file("--out", args.out)
     with ReplayStore.open(args.path, mode="r") as store:
         s = store_stats(store)
     for line in stats_text(s):
@@ -527,8 +553,12 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     s = sub.add_parser("show", parents=[common], help="a PNG of sampled rows: stacked obs -> next_obs frames with"
-                       " action, reward, discount, flags (padding highlighted)")
-    s.add_argument("path")
+                       " action, reward, discount, flags (padding highlighted)",
+                       description="Draw transitions of a store as a PNG: per row the stacked obs frames, then"
+                       " the next_obs frames, with the action, n-step reward, discount and flags written beside"
+                       " them; stack padding at an episode's start is outlined. Draws a sample of --rows rows,"
+                       " or the transitions given by --ids. Needs Pillow (the [image] extra).")
+    s.add_argument("path", help="a store or snapshot directory")
     s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
     s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: a sample)")
     s.add_argument("--rows", type=positive_int, default=4, help="rows to sample when --ids is not given (default: 4)")
@@ -536,6 +566,6 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     s.set_defaults(func=cmd_show)
     t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"
                        " fraction (text, and a PNG with --out)")
-    t.add_argument("path")
+    t.add_argument("path", help="a store or snapshot directory")
     t.add_argument("--out", help="also draw the numbers into this PNG")
     t.set_defaults(func=cmd_stats)

@@ -184,26 +184,32 @@ def test_rows_written_after_the_commit_are_not_checked(tmp_path):
     assert mr.verify_store(path) == []
 
 
-def test_damage_before_a_reopen_stays_reported(tmp_path):
-    """The writer continues the checksums the last commit recorded (it does not recompute them from the
-    files at open, which would take in damage done meanwhile): a flip in a committed row before reopening
-    is still reported after more rows and commits."""
+def test_damage_before_a_reopen_is_refused_at_open(tmp_path):
+    """open() recomputes the open chunk's checksums over the committed rows (it does not take in damage
+    done meanwhile and carry it on): a flip in a committed row of any column is a CorruptStoreError at
+    open, for writers and readers, naming the file and the stream; verify() reports it too."""
     path = str(tmp_path / "s")
-    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(5,), num_envs=2, chunk_size=64)
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(5,), num_envs=2, chunk_size=64,
+                              extras={"lp": ((), "float32")})
     rng = np.random.default_rng(7)
     s.reset(np.zeros((2, 5), np.uint8))
-    _vector_steps_plain(s, rng, 5)
+    _vector_steps(s, rng, 5)
     s.close()
     entry = _open_entry(path)
-    _flip(path, entry, "obs", int(_offsets(path, entry)[1][3]))
-    with mr.ReplayStore.open(path) as again:
-        _vector_steps_plain(again, rng, 4)
-        again.commit()
-        _vector_steps_plain(again, rng, 4)
-    entry = _open_entry(path)
-    assert entry["rows"] == [14, 14]
-    problems = mr.verify_store(path)
-    assert any(p.startswith(f"{_file(path, entry, 'obs')}: the committed rows of stream 1") for p in problems), problems
+    for column in entry["prefix_crc32"]:
+        for stream in (0, 1):
+            row = int(_offsets(path, entry)[stream][3])
+            _flip(path, entry, column, row)
+            # (the id column is also checked against the transition count, which names it first)
+            want = "" if column == "id" else f": the committed rows of stream {stream} in this open chunk"
+            for mode in ("r+", "r"):
+                with pytest.raises(mr.CorruptStoreError, match=re.escape(_file(path, entry, column) + want)):
+                    mr.ReplayStore.open(path, mode=mode)
+            assert any(p.startswith(_file(path, entry, column)) for p in mr.verify_store(path))
+            _flip(path, entry, column, row)
+    with mr.ReplayStore.open(path) as again:  # flipped back: it opens and continues
+        _vector_steps(again, rng, 4)
+    assert mr.verify_store(path) == []
 
 
 def _vector_steps_plain(s: mr.ReplayStore, rng: np.random.Generator, n: int) -> None:

@@ -152,7 +152,7 @@ def test_cli(pil, tmp_path, capsys):
     with Image.open(png) as im:
         assert im.width == 2 * viz.MARGIN + 2 * (4 * 84 + 3 * viz.GAP) + viz.ARROW
     assert main(["show", str(tmp_path / "s"), "--out", str(png), "--ids", "0", "999999"]) == 1
-    assert "999999 was never issued" in capsys.readouterr().err
+    assert "--ids 999999: no such transition" in capsys.readouterr().err
     assert main(["stats", str(tmp_path / "s"), "--out", str(tmp_path / "stats.png")]) == 0
     text = capsys.readouterr().out
     assert "sampleable" in text and "returns" in text and (tmp_path / "stats.png").exists()

@@ -48,8 +48,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         options["compression"] = None if args.compression == "none" else args.compression
     if args.next_observations:
         options["next_observations"] = True
-    result = export(args.path, args.out, format=args.format, overwrite=args.overwrite,
-                    progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
+    try:
+        result = export(args.path, args.out, format=args.format, overwrite=args.overwrite,
+                        progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
+    except ValueError as exc:  # an option the format refuses: its message names the keyword, say the flag
+        text = str(exc)
+        for name in options:
+            if text.startswith(f"{name}: "):
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(f"{flag} {getattr(args, name)}: {text[len(name) + 2:]} (--format"
+                                 f" {args.format})") from None
+        raise
     out(f"exported {result.summary()}")
     out(f"took {result.seconds:.1f} s")
     if result.format == "hdf5" and not result.extra.get("next_observations"):
@@ -76,6 +85,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     from ..cli import out, progress
     from . import detect_format, import_dataset
 
+    _check_import_paths(args)
     if os.path.exists(os.path.join(args.src, "manifest.json")):
         raise ValueError(f"{args.src} is an mmreplay store already, not a dataset: there is nothing to import (mmreplay"
                          f" info {args.src} describes it; mmreplay export writes it as a dataset)")
@@ -100,7 +110,8 @@ def cmd_import(args: argparse.Namespace) -> int:
         out(f"imported {args.src} -> {store.path}")
         out(f"episodes    {len(t):,} ({int(t.complete.sum()):,} complete, {int(t.head_lost.sum()):,} without their"
             f" start, {int((~t.ended).sum()):,} running)")
-        out(f"transitions {hi - lo:,} (ids {lo}..{hi - 1}), {len(store):,} sampleable")
+        out(f"transitions {hi - lo:,} ({'ids ' + f'{lo}..{hi - 1}' if hi > lo else 'none retained'}),"
+            f" {len(store):,} sampleable")
         out(f"sampling    stack {sch.stack}, n-step {sch.n_step}, gamma {sch.gamma}, pad {sch.pad!r}")
         src = store.metadata.get("source", {})
         if src.get("format") == "dqn-replay":
@@ -108,6 +119,28 @@ def cmd_import(args: argparse.Namespace) -> int:
                 f" update_horizon {src.get('update_horizon')}; rewards as stored (clipped by Dopamine's runner);"
                 f" terminal also marks the time limit: {src.get('terminal_marks_time_limit')}")
     return 0
+
+
+def _check_import_paths(args: argparse.Namespace) -> None:
+    """``src`` and ``path`` of ``mmreplay import`` checked in command-line terms before anything is read."""
+    src, fmt = args.src, args.format
+    if os.path.exists(args.path) and (not os.path.isdir(args.path) or os.listdir(args.path)):
+        raise FileExistsError(f"path {args.path} already exists and is not an empty directory; give a new path"
+                              " for the store (import never writes into an existing store)")
+    if "://" in src:  # a remote dataset: its reader checks it
+        return
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"src {src}: no such file or directory; give the dataset to import (a D4RL HDF5"
+                                " file, or a zarr, Minari or DQN replay directory)")
+    if fmt in ("hdf5", "d4rl"):
+        if os.path.isdir(src):
+            raise ValueError(f"src {src} is a directory, but --format {fmt} reads one HDF5 file: give the .hdf5"
+                             f" file as src, or leave --format out to detect what {src} holds")
+        import h5py
+
+        if not h5py.is_hdf5(src):
+            raise ValueError(f"src {src} is not an HDF5 file (--format {fmt} reads a D4RL-layout .hdf5 file):"
+                             f" give one, or leave --format out to detect what {src} holds")
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
