@@ -17,7 +17,8 @@ LAYERS = [
     {"drawing", "durability"},
     {"store", "verify"},
     {"datasets"},
-    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli", "__main__"},
+    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "cli_warmup", "datasets.cli",
+     "__main__"},
 ]
 
 
