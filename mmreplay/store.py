@@ -158,7 +158,8 @@ class ReplayStore:
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
-            start_warmup()  # the kernels compile while the store fills (native/warmup.py), once per process
+            # the kernels it calls compile while it fills (native/warmup.py), once per kind of store and process
+            start_warmup(schema.compression is not None, schema.prioritized is not None)
 
     def _attach(self, manifest: dict[str, Any]) -> None:
         """Map the chunks a manifest lists and build every part from them (open and refresh)."""
