@@ -18,10 +18,8 @@ caller's thread runs, whichever claims it first, oldest first:
   out the batch, runs the learner's step and draws the batch after, and the
   caller, back in ``next()``, reads the rows the helper has not started and
   waits for the rest. A loop of ``sample()`` leaves one core idle while its
-  thread runs Python; here the other core copies meanwhile (measured on 2
-  cores, 84x84 frames, a tight loop: 1.15x a ``sample()`` loop's rate at
-  batch 32, 1.04x at 256, 1.00x at 512; with two CPU-bound processes beside it,
-  1.8x, ``sample()`` then reading through the pool). A posted batch is
+  thread runs Python; here the other core copies meanwhile (BENCHMARKS.md,
+  "Batches"). A posted batch is
   finished by the caller (or ``drain``/``close``), never by the prefetch thread;
 - inside ``next()``, if the batch to hand out is not ready and nobody has
   started it, the caller copies it itself, as ``sample()`` would: no hand-off;
@@ -29,21 +27,19 @@ caller's thread runs, whichever claims it first, oldest first:
   (a learner's step), so a learner slower than the copies finds its batches
   ready. While the caller keeps coming back at once (a tight loop), the
   thread stays out of the way: a second copy at the same time would compete
-  for the cores and the memory bus with the caller's own (measured: up to 30%
-  more CPU per batch at batch 512), and waking it for every batch costs more
-  than it saves. It checks every 0.5 ms, backing off to 20 ms;
+  for the cores and the memory bus with the caller's own (more CPU per batch
+  at large batches), and waking it for every batch costs more than it saves.
+  It checks every 0.5 ms, backing off to 20 ms;
 - on cold data (a copy read from the disk: major page faults or blocks read)
   both copy at once, the caller helping with the next unstarted batch while it
   waits: the page reads of two batches overlap.
 
-The first version always handed the copy to the prefetch thread and waited
-for it: on warm data it ran at half the rate of a ``sample()`` loop in one
-measurement, 0.73-0.85 in same-run A/B tests here (2 cores), because
-every batch paid thread hand-offs and wake-ups (tens of microseconds,
-milliseconds when other processes keep the cores busy) and the threads'
-Python took turns on the GIL, while the copy itself, already split across the
-reader's threads, gained nothing from one more thread. ``prefetch=0`` never
-involves the prefetch thread.
+Why the caller copies on warm data rather than waiting for the prefetch
+thread: every batch handed to a thread pays hand-offs and wake-ups (more when
+other processes keep the cores busy) and the threads' Python takes turns on
+the GIL, while the copy itself, already split across the reader's threads,
+gains nothing from one more thread; waiting for the thread ran slower than a
+``sample()`` loop. ``prefetch=0`` never involves the prefetch thread.
 
 The store keeps track of live iterators: ``commit()``/``save()`` record the
 RNG state as of the last batch handed out plus the drawn-but-not-handed-out
