@@ -9,7 +9,7 @@ import os
 import mmreplay
 
 LAYERS = [
-    {"errors", "options", "synthetic", "native", "version", "spaces"},
+    {"errors", "options", "synthetic", "native", "version", "spaces", "codecs"},
     {"storage"},
     {"layout", "plan", "sequences", "episodes", "index", "prefixcrc"},
     {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
