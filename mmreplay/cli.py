@@ -16,7 +16,8 @@ from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
 from .version import __version__
 
 # Modules that add subcommands: each has ``register(subparsers, common_parent_parser)``.
-COMMAND_MODULES = ("mmreplay.demo", "mmreplay.cli_store", "mmreplay.datasets.cli", "mmreplay.viz")
+COMMAND_MODULES = ("mmreplay.demo", "mmreplay.cli_store", "mmreplay.datasets.cli", "mmreplay.viz",
+                   "mmreplay.cli_warmup")
 
 
 def out(text: str = "") -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from . import codecs
+
 __all__ = ["Prioritized", "RateLimit", "Schema", "ExtraSpec"]
 
 PAGE_ROWS = 4096  # a chunk's stride in the ring is a multiple of this many rows (see FORMAT.md)
@@ -416,7 +418,7 @@ def validate_ring(schema: Schema, positions: int) -> None:
             " use a smaller capacity, chunk_size or observation")
 
 
-CODECS = ("lz4",)
+CODECS = codecs.names()  # ("lz4",): the codecs are registered in codecs.py
 
 
 def resolve_compression(value: Any, obs_shape: tuple[int, ...], obs_dtype: np.dtype) -> str | None:
@@ -425,7 +427,7 @@ def resolve_compression(value: Any, obs_shape: tuple[int, ...], obs_dtype: np.dt
     if value is None:
         return None
     if value == "auto":
-        return "lz4" if obs_dtype == np.uint8 and len(obs_shape) >= 2 else None
+        return codecs.AUTO if obs_dtype == np.uint8 and len(obs_shape) >= 2 else None
     if isinstance(value, str) and value in CODECS:
         return value
     raise ValueError(f"compression: expected 'auto', None or one of {CODECS}, got {value!r}")

@@ -27,17 +27,19 @@ caller's thread runs, whichever claims it first, oldest first:
   (a learner's step), so a learner slower than the copies finds its batches
   ready. While the caller keeps coming back at once (a tight loop), the
   thread stays out of the way: a second copy at the same time would compete
-  for the cores and the memory bus with the caller's own, and waking it for
-  every batch costs more than it saves. It checks every 0.5 ms, backing off
-  to 20 ms;
+  for the cores and the memory bus with the caller's own (more CPU per batch
+  at large batches), and waking it for every batch costs more than it saves.
+  It checks every 0.5 ms, backing off to 20 ms;
 - on cold data (a copy read from the disk: major page faults or blocks read)
   both copy at once, the caller helping with the next unstarted batch while it
   waits: the page reads of two batches overlap.
 
-Handing every copy to the prefetch thread and waiting for it would make
-every batch pay thread hand-offs and wake-ups, with the threads' Python taking
-turns on the GIL, while the copy itself gains nothing from one more thread.
-``prefetch=0`` never involves the prefetch thread.
+Why the caller copies on warm data rather than waiting for the prefetch
+thread: every batch handed to a thread pays hand-offs and wake-ups (more when
+other processes keep the cores busy) and the threads' Python takes turns on
+the GIL, while the copy itself, already split across the reader's threads,
+gains nothing from one more thread; waiting for the thread ran slower than a
+``sample()`` loop. ``prefetch=0`` never involves the prefetch thread.
 
 The store keeps track of live iterators: ``commit()``/``save()`` record the
 RNG state as of the last batch handed out plus the drawn-but-not-handed-out

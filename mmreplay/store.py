@@ -37,6 +37,7 @@ from .errors import (
     StoreClosedError,
 )
 from .log import ChunkLog
+from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
 from .prefetch import BatchIterator, Draw
@@ -157,6 +158,8 @@ class ReplayStore:
         if mode == "r+":
             self._parts.log.remove_strays()
             _WRITERS.add(self)
+            # the kernels it calls compile while it fills (native/warmup.py), once per kind of store and process
+            start_warmup(schema.compression is not None, schema.prioritized is not None)
 
     def _attach(self, manifest: dict[str, Any]) -> None:
         """Map the chunks a manifest lists and build every part from them (open and refresh)."""

@@ -1,24 +1,55 @@
 """The package's imports point one way: storage <- index <- log/reader/batch <- sampling <- store <- datasets
-<- integrations and command line (ARCHITECTURE.md). A module may import its own layer or lower ones only."""
+<- integrations and command line. A module may import its own layer or lower ones only. The layers are
+ARCHITECTURE.md's table ("The parts"), read from it: the document and this test cannot disagree."""
 
 from __future__ import annotations
 
 import ast
+import fnmatch
 import os
+import re
 
 import mmreplay
 
-LAYERS = [
-    {"errors", "options", "synthetic", "native", "version", "spaces"},
-    {"storage"},
-    {"layout", "plan", "sequences", "episodes", "index", "prefixcrc"},
-    {"log", "reader", "batch", "sequence_batch", "prefetch", "statefiles", "snapshot", "_inputs", "ratelimit", "tables"},
-    {"sampling", "writer"},
-    {"drawing", "durability"},
-    {"store", "verify"},
-    {"datasets"},
-    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli", "__main__"},
-]
+ROOT = os.path.dirname(os.path.abspath(mmreplay.__file__))
+ARCHITECTURE = os.path.join(os.path.dirname(ROOT), "ARCHITECTURE.md")
+
+
+def _names(cell: str) -> set[str]:
+    """Package-relative names of the modules and packages a ``files`` cell of the table lists: `x.py`,
+    `d/`, `d/x.py`, `cli*.py`. Names of files inside a package listed beside it (`base.py` of
+    `sampling/`) are not top-level modules and are left out."""
+    top = {n[:-3] if n.endswith(".py") else n for n in os.listdir(ROOT)
+           if (n.endswith(".py") and n != "__init__.py") or os.path.isdir(os.path.join(ROOT, n, ""))
+           and os.path.exists(os.path.join(ROOT, n, "__init__.py"))}
+    found = set()
+    for token in re.findall(r"`([^`]+)`", cell):
+        if token.endswith("/"):
+            name = token[:-1].replace("/", ".")
+        elif token.endswith(".py"):
+            name = token[:-3].replace("/", ".")
+        else:
+            continue
+        if "*" in name:
+            found |= set(fnmatch.filter(top, name))
+        elif name in top or ("." in name and os.path.exists(os.path.join(ROOT, *name.split(".")) + ".py")):
+            found.add(name)
+    return found
+
+
+def layers_from_architecture() -> list[set[str]]:
+    """The layer table of ARCHITECTURE.md ("The parts"): ``layers[i]`` the names the rows of layer i list."""
+    text = open(ARCHITECTURE, encoding="utf-8").read().split("## The parts", 1)[1].split("\n## ", 1)[0]
+    layers: dict[int, set[str]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].isdigit():
+            layers.setdefault(int(cells[0]), set()).update(_names(cells[2]))
+    assert sorted(layers) == list(range(len(layers))), f"ARCHITECTURE.md's layers are not 0..n: {sorted(layers)}"
+    return [layers[i] for i in range(len(layers))]
+
+
+LAYERS = layers_from_architecture()
 
 
 # The one deliberate exception: ReplayStore.from_env (a convenience the API promises) imports the
@@ -82,8 +113,16 @@ def imports(path: str, package: str, root: str) -> list[str]:
     return found
 
 
+def test_the_table_lists_the_layers():
+    assert len(LAYERS) >= 9 and all(LAYERS)
+    assert {"options", "_inputs", "native", "codecs"} <= LAYERS[0] and "storage" in LAYERS[1]
+    assert {"store", "verify"} <= LAYERS[6] and {"cli", "cli_store", "datasets.cli", "__main__"} <= LAYERS[-1]
+    listed = [name for names in LAYERS for name in names]
+    assert len(listed) == len(set(listed)), "a module listed in two layers"
+
+
 def test_imports_point_down_the_layers():
-    root = os.path.dirname(mmreplay.__file__)
+    root = ROOT
     checked = 0
     for dirpath, _, files in os.walk(root):
         for name in files:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from . import _formats
 from ._common import ExportResult, ProgressArg
 from .errors import DatasetError, DatasetNotFoundError
 
@@ -28,9 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["export", "import_dataset", "describe", "detect_format", "ExportResult", "DatasetError",
            "DatasetNotFoundError", "EXPORT_FORMATS", "IMPORT_FORMATS"]
 
-EXPORT_FORMATS = ("zarr", "hdf5", "minari")
-IMPORT_FORMATS = ("dqn-replay", "d4rl", "hdf5", "minari", "zarr")
-_ALIASES = {"d4rl": "hdf5", "h5": "hdf5", "dqn": "dqn-replay", "dopamine": "dqn-replay"}
+EXPORT_FORMATS = _formats.export_names()  # ("zarr", "hdf5", "minari"): the formats are registered in _formats
+IMPORT_FORMATS = _formats.import_names()  # ("dqn-replay", "d4rl", "hdf5", "minari", "zarr")
+_ALIASES = _formats.aliases()
 
 
 def _user(path: Any) -> Any:
@@ -83,17 +84,8 @@ def export(store_or_path: ReplayStore | str | os.PathLike[str], out: str | os.Pa
     store_or_path, out = _user(store_or_path), _user(out)
     if storage_options is not None:
         options["storage_options"] = storage_options
-    if fmt == "zarr":
-        from .zarr_format import export_zarr
-
-        return _call(export_zarr, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
-    if fmt == "hdf5":
-        from .d4rl import export_hdf5
-
-        return _call(export_hdf5, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
-    from .minari_format import export_minari
-
-    return _call(export_minari, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
+    exporter = _formats.FORMATS[fmt].function(str(_formats.FORMATS[fmt].exporter))
+    return _call(exporter, fmt, store_or_path, out, overwrite=overwrite, progress=progress, **options)
 
 
 def import_dataset(src: str | os.PathLike[str], path: str | os.PathLike[str], format: str | None = None, *,
@@ -125,21 +117,8 @@ def import_dataset(src: str | os.PathLike[str], path: str | os.PathLike[str], fo
                               chunk_size=chunk_size, seed=seed, progress=progress, **options)
     if storage_options is not None:
         kw["storage_options"] = storage_options
-    if fmt == "dqn-replay":
-        from .dqn_replay import import_dqn_replay
-
-        return _call(import_dqn_replay, fmt, src, path, **kw)
-    if fmt == "hdf5":
-        from .d4rl import import_d4rl
-
-        return _call(import_d4rl, fmt, src, path, **kw)
-    if fmt == "minari":
-        from .minari_format import import_minari
-
-        return _call(import_minari, fmt, src, path, **kw)
-    from .zarr_format import import_zarr
-
-    return _call(import_zarr, fmt, src, path, **kw)
+    importer = _formats.FORMATS[fmt].function(str(_formats.FORMATS[fmt].importer))
+    return _call(importer, fmt, src, path, **kw)
 
 
 def _call(fn: Any, fmt: str, *args: Any, **kwargs: Any) -> Any:
@@ -161,20 +140,15 @@ def detect_format(path: str | os.PathLike[str], storage_options: dict[str, Any] 
     loc = Location.of(path, storage_options)
     if not loc.exists():
         raise DatasetNotFoundError(f"{loc}: no such file or directory")
-    if loc.isdir():
-        if loc.join("zarr.json").exists():
-            return "zarr"
-        if loc.join("metadata.json").exists() or loc.join("data", "metadata.json").exists():
-            return "minari"
-        if loc.glob("$store$_*_ckpt.*.gz"):
-            return "dqn-replay"
+    directory = loc.isdir()
+    for fmt in _formats.FORMATS.values():
+        if fmt.directory == directory and fmt.recognises(loc):
+            return fmt.name
+    if directory:
         if loc.join("manifest.json").exists():
             raise DatasetError(f"{loc}: is an mmreplay store, not a dataset (use ReplayStore.open)")
-        raise DatasetError(f"{loc}: not a recognised dataset directory (expected a zarr group, a Minari dataset"
-                           " or Dopamine replay checkpoints)")
-    if loc.head(8) == b"\x89HDF\r\n\x1a\n":
-        return "hdf5"
-    raise DatasetError(f"{loc}: not a recognised dataset file (expected HDF5 in the D4RL layout)")
+        raise DatasetError(f"{loc}: not a recognised dataset directory (expected {_formats.expected(True)})")
+    raise DatasetError(f"{loc}: not a recognised dataset file (expected {_formats.expected(False)})")
 
 
 def describe(path: str | os.PathLike[str], storage_options: dict[str, Any] | None = None) -> list[str]:
@@ -185,18 +159,5 @@ def describe(path: str | os.PathLike[str], storage_options: dict[str, Any] | Non
     """
     path = _user(path)
     fmt = detect_format(path, storage_options)
-    if fmt == "zarr":
-        from .zarr_format import describe_zarr
-
-        return describe_zarr(path, storage_options)
-    if fmt == "minari":
-        from .minari_format import describe_minari
-
-        return describe_minari(path, storage_options)
-    if fmt == "dqn-replay":
-        from .dqn_replay import describe_dqn_replay
-
-        return describe_dqn_replay(path, storage_options)
-    from .d4rl import describe_d4rl
-
-    return describe_d4rl(path, storage_options)
+    entry = _formats.FORMATS[fmt]
+    return entry.function(entry.describer)(path, storage_options)

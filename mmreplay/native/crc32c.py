@@ -2,8 +2,9 @@
 # mypy: disable-error-code="call-arg,return-value,var-annotated,index"
 """CRC-32C (Castagnoli: what ``google_crc32c.value`` computes) for the frame kernels, without the GIL.
 
-x86-64 computes it with the SSE4.2 instruction, ~8 bytes per cycle; elsewhere slicing-by-8 tables.
-The frame files checksum every stored entry with it (checked before every decode: ~5% of a decode).
+x86-64 computes it with the SSE4.2 instruction; elsewhere slicing-by-8 tables. The frame files checksum
+every stored entry with it, checked before every decode, so it must cost a small part of a decode
+(BENCHMARKS.md, "Figures behind the code").
 """
 
 from __future__ import annotations

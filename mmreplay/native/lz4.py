@@ -17,8 +17,8 @@ A stored frame *entry* is either the frame's bytes as they are (``length == fram
 shrink), or numcodecs' LZ4 framing: the frame size as 4 bytes little-endian, then one LZ4 block (what
 ``numcodecs.LZ4().decode`` and ``lz4.block.decompress`` read). Each entry carries the CRC-32C of its
 stored bytes, checked before it is decoded: a damaged file is an error, never wrong frames. (CRC-32C,
-not zlib's CRC-32: x86-64 computes it in hardware, ~8 bytes per cycle, so checking costs ~5% of a
-decode; ``google_crc32c.value`` computes the same.)
+not zlib's CRC-32: x86-64 computes it in hardware, so checking costs a small part of a decode;
+``google_crc32c.value`` computes the same.)
 
 Every kernel runs without the GIL (``nogil=True``): the chunk sealer encodes beside ``step()``, and a
 batch is decoded by several threads at once. (Not ``parallel=True``: numba's workqueue threading layer
@@ -38,8 +38,8 @@ from .crc32c import crc32c
 MIN_MATCH = 4
 # A long match whose source is less than this far behind reads, past its first FAR bytes, from a whole
 # number of periods >= FAR bytes back: a 16-byte load from just behind the output would straddle two
-# stores still in flight, which the CPU cannot forward (a stall of ~10 cycles per step). Pong's long runs
-# of short patterns decoded ~2x faster.
+# stores still in flight, which the CPU cannot forward (a stall at every step): frames with long runs of
+# short patterns (Pong's) decode much faster this way (BENCHMARKS.md, "Figures behind the code").
 FAR = 64
 
 

@@ -23,8 +23,8 @@ CHAIN_MASK = 65535  # positions in the match window (offsets are < 65536)
 FAST_AFTER = 16  # misses in a row after which only the hash candidate is tried
 # Shorter matches are left as literals. Each match is a sequence, and decoding time goes with the number of
 # sequences: a 4- or 5-byte match saves 1-2 bytes over its literals (token and offset cost 3) but costs a
-# whole sequence to decode. On the real Atari frames, 6 decodes ~9% faster for ~2% more bytes (mspacman,
-# whose frames have the most sequences: 14% faster).
+# whole sequence to decode. On the real Atari frames 6 decodes faster for a few more bytes (BENCHMARKS.md,
+# "Figures behind the code").
 SHORTEST = 6
 
 
@@ -101,8 +101,9 @@ def encode_block(src: np.ndarray, s: int, n: int, dst: np.ndarray, op: int, olim
     the one before each position; positions before ``s`` are ignored, so neither needs clearing
     between frames), the same place one image row up (``row`` bytes back; 0: none) and the previous
     match's offset. Longer matches mean fewer sequences, and the number of sequences is what decoding
-    time goes with: on the real Atari frames, depth 4 plus the row candidate decodes ~20-30% faster
-    and shrinks ~5-15% more than one hash candidate, for ~10% more encoding time. After misses the
+    time goes with: on the real Atari frames, depth 4 plus the row candidate decodes faster and shrinks
+    more than one hash candidate, for a little more encoding time (BENCHMARKS.md, "Figures behind the
+    code"). After misses the
     search skips ahead faster and looks at one candidate only, as LZ4's fast mode does, and a frame
     not 1/16 smaller half-way through is given up (stored as it is): incompressible frames cost little.
     """

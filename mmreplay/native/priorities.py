@@ -4,7 +4,8 @@
 priorities and ids never issued, naming the first bad position, changing nothing; skip (and count)
 ids that were evicted or are not sampleable; let the last occurrence of a repeated id win; and
 hand the priority sampler distinct slots with their priorities and the largest of them. In numpy
-that is a dozen calls (~60 us for 32 ids); ``priority_update`` does it in one loop over the ids.
+that is a dozen calls, whose overhead dominates a batch's few ids; ``priority_update`` does it in one
+loop over the ids.
 
 Its numpy reference is ``mmreplay.native.reference.priority_update_numpy``; the tests compare them.
 """

@@ -14,11 +14,11 @@ normaliser) and the largest (``max``), and, for a batch of points ``m`` in
 
 Layout, and why it is not a binary heap
 ---------------------------------------
-For a batch of 32 the cost is the number of numpy calls, not the elements:
-about 1 us per call on the development machine, 3-6 us for a reduction or a
-running sum along an axis. A binary heap over 2**20 leaves has 20 levels at
-about 5 calls each; measured there: 70-140 us per ``find`` of 32 and
-120-220 us per ``set`` of 32. So this tree is wide and shallow:
+For a batch of 32 the cost is the number of numpy calls, not the elements
+(each call's fixed overhead is larger than the work on 32 elements; a
+reduction or a running sum along an axis costs a few calls' worth). A binary
+heap over 2**20 leaves has 20 levels at about 5 calls each (BENCHMARKS.md,
+"Figures behind the code"). So this tree is wide and shallow:
 
 * leaves are grouped in rows of ``_FANOUT`` = 32; each row's total is a node
   one level up, and so on until a level has at most ``_TOP_MAX`` = 2048

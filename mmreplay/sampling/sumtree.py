@@ -80,7 +80,7 @@ class SumTree:
     ``"values[2]: expected a finite mass >= 0, got nan"``.
     """
 
-    __slots__ = ("_capacity", "_ist", "_fst", "_one", "_scalars")
+    __slots__ = ("_capacity", "_meta", "_nodes", "_one", "_scalars")
 
     def __init__(self, capacity: int) -> None:
         self._capacity = _validate_count(capacity, "capacity")
@@ -278,54 +278,54 @@ class SumTree:
     # NumpySumTree (numpy_sumtree.py) overrides these with numpy; the tests compare the two.
 
     def _new_state(self, capacity: int) -> None:
-        self._ist, self._fst = k.new_state(capacity)
-        self._scalars = int(self._ist[k.I_SCALARS])
+        self._meta, self._nodes = k.new_state(capacity)
+        self._scalars = int(self._meta[k.I_SCALARS])
 
     def _stats(self) -> tuple[np.float64, np.float64, np.float64]:
-        fst = self._fst
-        if self._ist[k.I_STALE]:
-            k.tree_flush(self._ist, fst)
+        nodes = self._nodes
+        if self._meta[k.I_STALE]:
+            k.tree_flush(self._meta, nodes)
         s = self._scalars
-        return fst[s], fst[s + 1], fst[s + 2]
+        return nodes[s], nodes[s + 1], nodes[s + 2]
 
     def _count(self) -> int:
-        return int(self._ist[k.I_COUNT])
+        return int(self._meta[k.I_COUNT])
 
     def _leaf_array(self) -> np.ndarray:
-        return self._fst  # leaves first; indices are validated against the capacity
+        return self._nodes  # leaves first; indices are validated against the capacity
 
     def _bad_set(self, idx: np.ndarray, vals: np.ndarray) -> int:
-        return int(k.check_set(self._ist, idx, vals))
+        return int(k.check_set(self._meta, idx, vals))
 
     def _write(self, idx: np.ndarray, vals: np.ndarray) -> None:
-        k.tree_set(self._ist, self._fst, idx, vals)
+        k.tree_set(self._meta, self._nodes, idx, vals)
 
     def _write_with(self, idx: np.ndarray, vals: np.ndarray, side: np.ndarray, side_vals: np.ndarray,
                     flags: np.ndarray) -> None:
-        k.tree_set_with(self._ist, self._fst, idx, vals, side, side_vals, flags)
+        k.tree_set_with(self._meta, self._nodes, idx, vals, side, side_vals, flags)
 
     def _load(self, leaves: np.ndarray) -> None:
-        k.tree_load(self._ist, self._fst, leaves)
+        k.tree_load(self._meta, self._nodes, leaves)
 
     def _descend(self, points: np.ndarray) -> np.ndarray:
         out = np.empty(points.shape[0], np.int64)
-        k.tree_find(self._ist, self._fst, points, out)
+        k.tree_find(self._meta, self._nodes, points, out)
         return out
 
     def _stratified(self, u: np.ndarray) -> np.ndarray:
         out = np.empty(u.shape[0], np.int64)
-        k.tree_stratified(self._ist, self._fst, u, out)
+        k.tree_stratified(self._meta, self._nodes, u, out)
         return out
 
     def _stratified_normalised(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         out = np.empty(u.shape[0], np.int64)
         ratio = np.empty(u.shape[0], np.float64)
-        k.tree_stratified_normalised(self._ist, self._fst, u, out, ratio)
+        k.tree_stratified_normalised(self._meta, self._nodes, u, out, ratio)
         return out, ratio
 
     def _proportional(self, u: np.ndarray) -> np.ndarray:
         out = np.empty(u.shape[0], np.int64)
-        k.tree_proportional(self._ist, self._fst, u, out)
+        k.tree_proportional(self._meta, self._nodes, u, out)
         return out
 
     # ---------------------------------------------------------------------------------- validation

@@ -33,12 +33,12 @@ from typing import Any
 import google_crc32c
 import numpy as np
 
+from .. import codecs
 from ..errors import CorruptStoreError
 from .manifest import fsync_dir
 
 MAGIC = b"MMRFRAME"
 VERSION = 1
-CODECS = ("lz4",)
 RECORD = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4")])
 TRAILER = 4
 # The sealer decodes every CHECK_EVERY-th frame it encoded (and the last) and compares it with the raw
@@ -51,7 +51,6 @@ CHECK_EVERY = 16
 MIN_SAVING = 0.1
 PROBE_FRAMES = 256
 log = logging.getLogger(__name__)
-SUFFIX = {"lz4": "lz4"}  # codec -> file suffix after "<name>.obs."
 
 
 def _header_json(codec: str, dtype: np.dtype, shape: tuple[int, ...], frames: int) -> bytes:
@@ -116,9 +115,7 @@ def check_open(path: str, fd: int, codec: str, dtype: np.dtype, shape: tuple[int
 # -- writing -------------------------------------------------------------------------------------------
 def encode(frames: np.ndarray, codec: str) -> tuple[np.ndarray, np.ndarray]:
     """Reference encoder (numcodecs): ``(records, data)`` for frames ``(N, *shape)``; offsets from 0."""
-    from numcodecs import LZ4
-
-    lz4 = LZ4()
+    lz4 = codecs.REGISTRY[codec].reference()
     n = frames.shape[0]
     flat = np.ascontiguousarray(frames).reshape(n, -1).view(np.uint8)
     fb = flat.shape[1]
@@ -285,7 +282,7 @@ def decode_frames(path: str, buf: np.ndarray | bytes, index: np.ndarray, frames:
 
 def file_name(name: str, codec: str) -> str:
     """File name of chunk ``name``'s compressed frames under ``chunks/``."""
-    return f"{name}.obs.{SUFFIX[codec]}"
+    return f"{name}.obs.{codecs.REGISTRY[codec].suffix}"
 
 
 def describe(codec: str, size: int, crc: int) -> dict[str, Any]:

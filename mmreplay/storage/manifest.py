@@ -21,7 +21,7 @@ from .validate import check_body
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
 
 FORMAT_NAME = "mmreplay-store"
-# 1: the first version (frames raw in obs.npy chunk files). 2: any of compressed frame files (the schema
+# 1: frames raw in obs.npy chunk files. 2: any of compressed frame files (the schema
 # names a codec), a validity record (invalidate/clear), a rate limit. 3: env streams written apart (rows per
 # stream, extents). A store that uses none of them is still written as version 1, so older mmreplay
 # versions keep reading it.
@@ -55,7 +55,8 @@ def write_manifest(directory: str, body: dict[str, Any], name: str = MANIFEST) -
 
 def _readable(doc: dict[str, Any]) -> bytes:
     """One top-level key per line, each value compact: readable, and written by json's C encoder
-    (``indent=`` would switch to its pure-Python one, ~25 ms for a 1M-transition store's chunk list)."""
+    (``indent=`` would switch to its pure-Python one, slow for a large store's chunk list; BENCHMARKS.md,
+    "Figures behind the code")."""
     lines = [f"{json.dumps(k)}: {json.dumps(doc[k], sort_keys=True, separators=(', ', ': '))}" for k in sorted(doc)]
     return ("{\n " + ",\n ".join(lines) + "\n}\n").encode()
 
