@@ -166,13 +166,15 @@ class ReplayDataset(IterableDataset[Any]):
     a live writer); ``None`` keeps the commit seen at the start. ``sequence_length``: yield batches of
     sequences of this many steps (``store.sequence_batches``; time axis second) instead of transitions;
     ``strict``: with ``sequence_length``, only sequences with that many steps in their episode.
+    ``device``: yield batches already on this device (``device_batches``: distinct frames through pinned
+    buffers and a side stream, stacks gathered there; the same rows); without ``DataLoader`` workers only.
     """
 
     def __init__(self, path: str | os.PathLike[str], batch_size: int, seed: int = 0, prefetch: int = 2,
                  beta: float | None = None, num_batches: int | None = None, as_dict: bool = True,
                  pin_memory: bool = False, read_threads: int | None = None,
                  refresh_every: int | None = None, sequence_length: int | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, device: Any = None) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -201,11 +203,15 @@ class ReplayDataset(IterableDataset[Any]):
         self.refresh_every = refresh_every
         self.sequence_length = sequence_length
         self.strict = strict
+        self.device = device
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker = 0 if info is None else int(info.id)
         pin = self.pin_memory
+        if self.device is not None and info is not None:
+            raise ValueError("ReplayDataset(device=...) feeds a device from this process; use it without DataLoader"
+                             " workers (num_workers=0): its reading runs in the store's prefetch thread")
         if pin and info is not None:
             raise ValueError("ReplayDataset(pin_memory=True) pins in this process only; with DataLoader workers"
                              " pass DataLoader(pin_memory=True) instead")
@@ -222,17 +228,32 @@ class ReplayDataset(IterableDataset[Any]):
             n = 0
             while self.num_batches is None or n < self.num_batches:
                 if n and self.refresh_every and n % self.refresh_every == 0 and store.refresh():
+                    if isinstance(batches, DeviceBatches):
+                        batches.close()
                     batches = self._batches(store)
-                out = to_tensors(next(batches), self.as_dict)
-                yield _pin(out) if pin else out
+                batch = next(batches)
+                if isinstance(batch, (TensorBatch, TensorSequenceBatch)):  # device=: already tensors
+                    yield _as_dict(batch) if self.as_dict else batch
+                else:
+                    out = to_tensors(batch, self.as_dict)
+                    yield _pin(out) if pin else out
                 n += 1
+            if isinstance(batches, DeviceBatches):
+                batches.close()
 
 
-    def _batches(self, store: ReplayStore) -> Iterator[Batch | SequenceBatch]:
+    def _batches(self, store: ReplayStore) -> Iterator[Any]:
+        if self.device is not None:
+            return device_batches(store, self.batch_size, self.device, self.prefetch, beta=self.beta,
+                                  sequence_length=self.sequence_length, strict=self.strict)
         if self.sequence_length is None:
             return store.batches(self.batch_size, prefetch=self.prefetch, beta=self.beta)
         return store.sequence_batches(self.batch_size, self.sequence_length, prefetch=self.prefetch,
                                       strict=self.strict, beta=self.beta)
+
+
+def _as_dict(batch: TensorBatch | TensorSequenceBatch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in fields(batch)}
 
 
 def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: int = 0, seed: int = 0,
@@ -413,16 +434,20 @@ class DeviceBatches(Iterator[Any]):
     """``device_batches``' iterator (see there); ``close()`` ends it and its store iterator."""
 
     def __init__(self, store: ReplayStore, batch_size: int, device: Any = None, prefetch: int = 2,
-                 beta: float | None = None, host_stacks: bool = False, pin_memory: bool | None = None,
+                 beta: float | None = None, host_stacks: bool | None = None, pin_memory: bool | None = None,
                  sequence_length: int | None = None, strict: bool = False, copier: Copier | None = None) -> None:
-        if not isinstance(host_stacks, bool):
-            raise TypeError(f"host_stacks: expected True or False, got {host_stacks!r}")
+        if host_stacks is not None and not isinstance(host_stacks, bool):
+            raise TypeError(f"host_stacks: expected True, False or None, got {host_stacks!r}")
         dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
         if copier is None and dev.type == "cuda":
             copier = CudaCopier(dev)
         elif copier is None and dev.type != "cpu":
             raise ValueError(f"device: expected a CUDA device or 'cpu', got {dev}")
         self.device = copier.device if copier is not None else dev
+        if host_stacks is None:
+            # on the CPU the stacks are the output: reading them straight from the ring (batches()' own path,
+            # the reader's helper thread included) costs less than distinct frames and a gather after
+            host_stacks = copier is None
         self.copier = copier
         self.host_stacks = host_stacks
         self.sequences = sequence_length is not None
@@ -578,7 +603,7 @@ class _Sent:
 
 
 def device_batches(store: ReplayStore, batch_size: int, device: Any = None, prefetch: int = 2,
-                   beta: float | None = None, host_stacks: bool = False, pin_memory: bool | None = None,
+                   beta: float | None = None, host_stacks: bool | None = None, pin_memory: bool | None = None,
                    sequence_length: int | None = None, strict: bool = False) -> DeviceBatches:
     """An endless iterator of ``TensorBatch``es already on ``device`` (default: CUDA when available, else
     the CPU), with the draws of ``store.batches(batch_size, prefetch)``: without priority updates the
@@ -588,8 +613,9 @@ def device_batches(store: ReplayStore, batch_size: int, device: Any = None, pref
     prefetch thread, copied with the batch's small columns in one non-blocking copy on a side stream, and
     the stacks gathered from them on the device; ``next()`` only makes the current stream wait for that
     (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies stacks
-    built on the host instead (8 frames a row rather than about 5). On the CPU the stacks are gathered
-    from the distinct frames in the prefetch thread; ``pin_memory=True`` pins them (needs an accelerator).
+    built on the host instead (8 frames a row rather than about 5). On the CPU (``device="cpu"``) the
+    batches are ``batches()``' own, as tensors (``host_stacks=False``: gathered from the distinct frames,
+    as on a GPU); ``pin_memory=True`` pins them (needs an accelerator).
     ``sequence_length=L`` (and ``strict``) hands out ``TensorSequenceBatch``es of
     ``store.sequence_batches(batch_size, L)`` the same way. Close it (or the store) when done.
     """

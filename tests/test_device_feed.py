@@ -152,7 +152,9 @@ def _feed(mt, torch, store, b, way, **kw):
     if way.startswith("ring"):
         return mt.DeviceBatches(store, b, prefetch=kw.pop("prefetch", 2), host_stacks=way.endswith("stacks"),
                                 copier=_late(mt, torch), **kw)
-    return mt.device_batches(store, b, "cpu", host_stacks=way.endswith("stacks"), **kw)
+    if way == "cpu":  # the stacks gathered from the distinct frames, on CPU tensors
+        return mt.device_batches(store, b, "cpu", host_stacks=False, **kw)
+    return mt.device_batches(store, b, "cpu", **kw)  # the default on the CPU: batches()' stacks
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -265,6 +267,25 @@ def test_device_feed_for_sample_calls(torch, mt, atari_store):
         for size in (16, 16, 16):
             assert_batch(feed.next(size), a.sample(size))
         feed.close()
+
+
+@pytest.mark.parametrize("sequence_length", [None, 12])
+def test_dataset_device_option(torch, mt, atari_store, sequence_length):
+    """``ReplayDataset(device=...)`` / ``replay_loader`` yield the feed's batches: ``sample()``'s rows."""
+    loader = mt.replay_loader(atari_store, 16, seed=7, num_batches=4, device="cpu", as_dict=False,
+                              sequence_length=sequence_length)
+    got = list(loader)
+    assert len(got) == 4
+    with mr.ReplayStore.open(atari_store, "r", seed=7) as a:
+        for tb in got:
+            if sequence_length is None:
+                assert_batch(tb, a.sample(16))
+            else:
+                assert_batch(tb, a.sample_sequences(16, sequence_length), SEQ_FIELDS)
+    d = next(iter(mt.ReplayDataset(atari_store, 4, device="cpu", num_batches=1)))
+    assert isinstance(d, dict) and d["obs"].shape == (4, 4, 84, 84) and "extras" in d
+    with pytest.raises(ValueError, match="num_workers=0"):
+        list(mt.replay_loader(atari_store, 4, num_workers=1, device="cpu", num_batches=1))
 
 
 def test_pin_memory_on_cpu(torch, mt, atari_store):

@@ -74,7 +74,7 @@ class Learner:
             t0 = time.perf_counter()
             self.update(None)
             times.append(time.perf_counter() - t0)
-        return statistics.median(times)
+        return min(times)  # (the machine's cores are shared: the least is the learner's own time)
 
     def update(self, batch: Any) -> None:
         if batch is not None:
