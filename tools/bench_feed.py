@@ -62,10 +62,13 @@ class Learner:
 
     def __init__(self, seconds: float) -> None:
         self.x = torch.zeros(16)
+        # t(inner) = a + b * inner (a: the torch ops and the loop), from two timings, then refined once
         self.inner = 1
-        for _ in range(3):
-            t = self._timed()
-            self.inner = max(1, round(self.inner * seconds / t))
+        a = self._timed()
+        self.inner = 200
+        b = (self._timed() - a) / 199
+        for _ in range(2):
+            self.inner = max(1, round(self.inner + (seconds - self._timed()) / b))
         self.seconds = self._timed()
 
     def _timed(self) -> float:
