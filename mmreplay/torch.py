@@ -460,14 +460,16 @@ class DeviceBatches(Iterator[Any]):
         self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
         self._local = threading.local()
         frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
-        frames = "stacks" if host_stacks and self.ring is None else "distinct"
+        plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
+        frames = "stacks" if plain else "distinct"
+        transform = None if plain else self._transform
         if self.sequences:
             self._it: Any = store.sequence_batches(batch_size, sequence_length, prefetch=prefetch,  # type: ignore[arg-type]
                                                    strict=strict, beta=beta, frames=frames,
-                                                   frame_buffer=frame_buffer, transform=self._transform)
+                                                   frame_buffer=frame_buffer, transform=transform)
         else:
             self._it = store.batches(batch_size, prefetch=prefetch, beta=beta, frames=frames,
-                                     frame_buffer=frame_buffer, transform=self._transform)
+                                     frame_buffer=frame_buffer, transform=transform)
 
     # the assembling thread ------------------------------------------------------------------------------
     def _frame_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -572,6 +574,8 @@ class DeviceBatches(Iterator[Any]):
             assert self.copier is not None
             self.copier.consume(out.ready, out.keep)
             return out.batch
+        if isinstance(out, (Batch, SequenceBatch)):  # the CPU, host stacks: zero-copy tensors of the arrays
+            return self._on_cpu(out)
         return out
 
     def __iter__(self) -> DeviceBatches:
