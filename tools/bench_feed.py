@@ -198,6 +198,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     sizes = args.batch or [32, 256]
+    load0 = os.getloadavg()[0]
     torch.set_num_threads(1)  # the learner's tiny ops: no intra-op pool
     pool = atari_pool()
     tmp = tempfile.mkdtemp(prefix="bench_feed_")
@@ -240,7 +241,9 @@ def main() -> None:
         " steps each followed by a tiny torch op, the Python side of an eager update); updates/s alone and fed by"
         " each way, in brackets the median per-round ratio to alone (target for the feed: >= 0.95). Store: the"
         f" repository's Atari episodes, capacity {args.capacity:,}, stack 4, n-step 3, compressed; {args.rounds} rounds of"
-        f" {args.seconds:g} s windows, alternating.",
+        f" {args.seconds:g} s windows, alternating. Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f}"
+        f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
+        " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"],
               rows),
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
