@@ -361,3 +361,21 @@ def test_cuda_slow_consumer_on_a_busy_stream(torch, mt, atari_store, cuda):
             tb = next(feed)
             assert_batch(tb, a.sample(128))
         feed.close()
+
+
+def test_reader_gather_into_a_callers_array():
+    """``FrameReader.gather(slots, out=)`` reads into the caller's array (and returns it); a wrong shape, dtype
+    or layout is refused before anything is read."""
+    from mmreplay.reader import FrameReader
+
+    frames = np.random.default_rng(0).integers(0, 255, (50, 6, 5), dtype=np.uint8)
+    reader = FrameReader(frames, threads=2)
+    slots = np.array([[3, 7], [49, 0], [7, 7]])
+    out = np.full((3, 2, 6, 5), 9, np.uint8)
+    assert reader.gather(slots, out=out) is out
+    assert np.array_equal(out, frames[slots])
+    for bad in (np.empty((3, 2, 6, 4), np.uint8), np.empty((3, 2, 6, 5), np.int16),
+                np.empty((3, 2, 5, 6), np.uint8).transpose(0, 1, 3, 2)):
+        with pytest.raises(ValueError, match="out: expected"):
+            reader.gather(slots, out=bad)
+    reader.close()
