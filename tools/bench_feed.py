@@ -255,8 +255,8 @@ def main() -> None:
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"],
               rows),
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
-        " the GIL it holds there: the draw of batch i+2, hand-out bookkeeping; the frames are read in the prefetch"
-        " thread):",
+        " the GIL it holds there: the draw of batch i+2, hand-out bookkeeping; the frames are read by the store's"
+        " background threads):",
         table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
         "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
