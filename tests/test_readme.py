@@ -85,6 +85,7 @@ def test_every_python_block_runs_in_a_fresh_interpreter(tmp_path):
     with mr.ReplayStore.open(tmp_path / "replay-pong", mode="r") as store:
         assert store.id_range == (0, 2000) and store.schema.obs_shape == (84, 84)
     assert "torch.Size([32, 4, 84, 84])" in outputs["Gymnasium and PyTorch"]
+    assert "torch.Size([256, 4, 84, 84])" in outputs["Batches on the GPU (`device_batches`)"]
     assert outputs["Writing blocks of steps (`extend`)"].split()[:2] == ["(0,", "400)"]
     assert outputs["Datasets on object storage"].split() == ["episodes", "1", "140"]  # env 1's ended episode
     if _installed("ray"):
