@@ -11,7 +11,11 @@ from .native.plan import nstep_returns
 from .plan import Plan
 from .reader import FrameReader, PostedStacks
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "FrameBatch"]
+
+FrameBuffer = Callable[[tuple[int, ...], np.dtype], np.ndarray]
+"""``frame_buffer(shape, dtype)``: a C-contiguous array of that shape and dtype to read a batch's distinct
+frames into (called in the thread that assembles the batch; the batch's ``frames`` is that array)."""
 
 
 @dataclass
@@ -71,6 +75,105 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         action=arrays["action"][plan.slots],
         reward=reward,
         next_obs=next_obs,
+        discount=discount,
+        terminated=plan.terminated,
+        truncated=plan.truncated,
+        index=ids,
+        weight=np.ones(ids.size, np.float32) if weight is None else weight.astype(np.float32, copy=False),
+        extras={name: arrays["x_" + name][plan.slots] for name in extra_names},
+    )
+
+
+@dataclass
+class FrameBatch:
+    """A batch whose stacks are given as its distinct frames and positions into them
+    (``batches(frames="distinct")``): ``frames[obs_index]`` and ``frames[next_index]`` are bit-identical to
+    the ``obs`` and ``next_obs`` of the ``Batch`` the same draw gives.
+
+    - ``frames``: ``(F, *obs_shape)``, every distinct frame of the batch's stacks read once (ring slot
+      order); when some stack position is zero padding (or a missing final frame), ``frames[0]`` is zeros.
+    - ``obs_index``, ``next_index``: ``(B, k)`` int32 positions into ``frames``.
+    - The other fields are ``Batch``'s.
+
+    A row's next stack shares ``k - m`` frames with its stack (m its n-step window), and rows drawn near
+    each other share more: ``F`` is about ``(k + n) B`` or less where the stacks hold ``2 k B`` frames.
+    """
+
+    frames: np.ndarray
+    obs_index: np.ndarray
+    next_index: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    index: np.ndarray
+    weight: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def to_batch(self) -> Batch:
+        """The ``Batch`` (stacks gathered from ``frames``)."""
+        return Batch(obs=self.frames[self.obs_index], action=self.action, reward=self.reward,
+                     next_obs=self.frames[self.next_index], discount=self.discount, terminated=self.terminated,
+                     truncated=self.truncated, index=self.index, weight=self.weight, extras=self.extras)
+
+
+def distinct_slots(slots: np.ndarray, zero: np.ndarray | None) -> tuple[np.ndarray, bool, np.ndarray]:
+    """The distinct ring slots of a slot array and where each entry is among them.
+
+    ``zero``: a mask of ``slots``' shape (or None) of entries whose frame is zeros whatever the slot holds.
+    Returns ``(read, zeroed, positions)``: the sorted distinct slots of the other entries; whether a zero
+    frame leads (position 0, so ``read[i]`` lands at ``i + zeroed``); int32 positions of ``slots``' shape.
+    """
+    flat = slots.reshape(-1)
+    if zero is not None and zero.any():
+        flat = np.where(zero.reshape(-1), -1, flat)  # -1 sorts first: the zero frame is position 0
+    read, inv = np.unique(flat, return_inverse=True)
+    zeroed = bool(read.size) and int(read[0]) == -1
+    return (read[1:] if zeroed else read), zeroed, inv.astype(np.int32, copy=False).reshape(slots.shape)
+
+
+def read_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | None,
+                  frame_buffer: FrameBuffer | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(frames, positions)``: the distinct frames of ``slots`` read once into ``frame_buffer``'s array (the
+    reader's recycled buffers when None), a zero frame first where ``zero`` marks entries; ``frames[positions]``
+    is ``frames_of_ring[slots]`` with the ``zero`` entries zeroed."""
+    read, zeroed, positions = distinct_slots(slots, zero)
+    shape = (read.size + zeroed,) + reader.frames.shape[1:]
+    dtype = reader.frames.dtype
+    frames = reader.gather(read) if frame_buffer is None and not zeroed else None
+    if frames is None:
+        frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
+        if zeroed:
+            frames[0] = 0
+        if read.size:
+            reader.gather(read, out=frames[int(zeroed):])
+    return frames, positions
+
+
+def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
+                    extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
+                    frame_buffer: FrameBuffer | None = None) -> FrameBatch:
+    """``assemble``'s batch as a ``FrameBatch``: the distinct frames of both stacks read once (into
+    ``frame_buffer``'s array), the stacks as positions into them; everything else as ``assemble``."""
+    both = plan.stacks if plan.stacks is not None else np.stack([plan.obs_slots, plan.next_slots])
+    zero = None
+    if plan.zeros:  # (-1: not counted; 0: nothing to zero)
+        pad = plan.pad if plan.pad is not None else np.stack([plan.obs_pad, plan.next_pad])
+        zero = pad.copy()
+        zero[1] |= plan.next_missing[:, None]
+    frames, positions = read_distinct(reader, both, zero, frame_buffer)
+    reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
+                                     plan.window, plan.terminated)
+    return FrameBatch(
+        frames=frames,
+        obs_index=positions[0],
+        next_index=positions[1],
+        action=arrays["action"][plan.slots],
+        reward=reward,
         discount=discount,
         terminated=plan.terminated,
         truncated=plan.truncated,

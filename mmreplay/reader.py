@@ -459,12 +459,18 @@ class FrameReader:
                 self._cold_batches = self.PROBE_EVERY
                 self._read_ahead()
 
-    def gather(self, slots: np.ndarray) -> np.ndarray:
+    def gather(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
         like ``stacks``), shared with the same helpers, with the same read-ahead of cold pages; frames of
-        compressed chunks are decoded straight into it."""
+        compressed chunks are decoded straight into it. ``out``: the caller's C-contiguous array of that
+        shape and the frames' dtype (e.g. pinned host memory) to read into instead; it is returned."""
         frames = self.frames
-        out = self._pool.get(slots.shape + frames.shape[1:], frames.dtype)
+        shape = slots.shape + frames.shape[1:]
+        if out is None:
+            out = self._pool.get(shape, frames.dtype)
+        elif out.shape != shape or out.dtype != frames.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape {shape}, got"
+                             f" {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
         index = np.ascontiguousarray(slots, np.int64).reshape(-1)
         requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
         if requested:

@@ -7,10 +7,11 @@ from typing import Any
 
 import numpy as np
 
+from .batch import FrameBuffer, read_distinct
 from .reader import FrameReader
 from .sequences import SequencePlan
 
-__all__ = ["SequenceBatch", "sequence_priority"]
+__all__ = ["FrameSequenceBatch", "SequenceBatch", "sequence_priority"]
 
 
 @dataclass
@@ -65,11 +66,56 @@ def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_
         obs[plan.obs_pad] = 0
     if plan.obs_zero.any():
         obs[plan.obs_zero] = 0
+    return SequenceBatch(obs=obs, **_columns(plan, arrays, extra_names, weight))
+
+
+@dataclass
+class FrameSequenceBatch:
+    """A batch of sequences whose states are given as distinct frames and positions into them
+    (``sequence_batches(frames="distinct")``): ``frames[obs_index]`` is bit-identical to the ``obs`` of the
+    ``SequenceBatch`` the same draw gives. ``frames``: ``(F, *obs_shape)``, each distinct frame read once,
+    ``frames[0]`` zeros when some state or stack position is; ``obs_index``: ``(B, L+1, k)`` int32 (consecutive
+    states share ``k - 1`` frames: ``F`` is about ``(L + k) B`` where the states hold ``(L+1) k B``). The
+    other fields are ``SequenceBatch``'s."""
+
+    frames: np.ndarray
+    obs_index: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    is_first: np.ndarray
+    mask: np.ndarray
+    ids: np.ndarray
+    index: np.ndarray
+    weight: np.ndarray
+    extras: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.index.shape[0])
+
+    def to_batch(self) -> SequenceBatch:
+        """The ``SequenceBatch`` (states gathered from ``frames``)."""
+        return SequenceBatch(obs=self.frames[self.obs_index], action=self.action, reward=self.reward,
+                             terminated=self.terminated, truncated=self.truncated, is_first=self.is_first,
+                             mask=self.mask, ids=self.ids, index=self.index, weight=self.weight, extras=self.extras)
+
+
+def assemble_sequence_frames(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
+                             reader: FrameReader, weight: np.ndarray | None,
+                             frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
+    """``assemble_sequences``' batch as a ``FrameSequenceBatch`` (distinct frames into ``frame_buffer``'s array)."""
+    zero = plan.obs_pad | plan.obs_zero[..., None]
+    frames, positions = read_distinct(reader, plan.obs_slots, zero, frame_buffer)
+    seq = _columns(plan, arrays, extra_names, weight)
+    return FrameSequenceBatch(frames=frames, obs_index=positions, **seq)
+
+
+def _columns(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
+             weight: np.ndarray | None) -> dict[str, Any]:
     mask, slots = plan.mask, plan.step_slots
-    b = slots.shape[0]
     ids = plan.ids
-    return SequenceBatch(
-        obs=obs,
+    return dict(
         action=_masked(arrays["action"][slots], mask),
         reward=_masked(arrays["reward"][slots].astype(np.float32, copy=False), mask),
         terminated=plan.terminated,
@@ -78,7 +124,7 @@ def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_
         mask=mask,
         ids=ids,
         index=ids[:, 0].copy(),
-        weight=np.ones(b, np.float32) if weight is None else weight.astype(np.float32, copy=True),
+        weight=np.ones(slots.shape[0], np.float32) if weight is None else weight.astype(np.float32, copy=True),
         extras={name: _masked(arrays["x_" + name][slots], mask) for name in extra_names},
     )
 

@@ -11,6 +11,7 @@ boundary; it holds no rules of its own.
 
 from __future__ import annotations
 
+import functools
 import os
 import weakref
 from collections.abc import Callable, Iterator
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from . import _inputs
-from .batch import Batch, assemble
+from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames
 from .drawing import Drawer
 from .durability import (
     Durability,
@@ -45,7 +46,7 @@ from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
 from .sampling import PrioritizedSampler, make_sampler
 from .sampling.prioritized import check_beta
-from .sequence_batch import SequenceBatch, assemble_sequences
+from .sequence_batch import FrameSequenceBatch, SequenceBatch, assemble_sequence_frames, assemble_sequences
 from .sequences import SequencePlan
 from .statefiles import StateDir
 from .storage.lock import take_lock
@@ -423,7 +424,8 @@ class ReplayStore:
         assert d.slots is not None  # (Drawer.draw always finds them)
         return self._assemble(d.slots, d.ids, d.weight)
 
-    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None) -> BatchIterator[Batch]:
+    def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None, frames: str = "stacks",
+                frame_buffer: FrameBuffer | None = None, transform: Callable[[Any], Any] | None = None) -> BatchIterator[Any]:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
 
         Batch ``i + prefetch`` is drawn when batch ``i`` is handed out, so a priority update made after
@@ -431,14 +433,27 @@ class ReplayStore:
         exactly those of repeated ``sample()`` calls. ``commit()``/``save()`` record the state as of the
         last batch handed out; after ``open()``/``load()`` the first ``batches()`` iterator hands out the
         batches that had been drawn but not handed out, then continues as the saved run would have.
+
+        ``frames="distinct"`` hands out ``FrameBatch``es instead: each distinct frame of a batch's two
+        stacks read once, into ``frame_buffer(shape, dtype)``'s array when given (e.g. pinned memory), and
+        the stacks as positions into them (``frames[obs_index]`` is ``sample()``'s ``obs``, bit for bit).
+        ``transform(batch)`` runs in the thread that assembled the batch (the prefetch thread when the
+        caller is away) and its result is handed out instead (``mmreplay.torch.device_batches`` starts
+        its copy to the GPU there).
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         p = _inputs.prefetch_arg(prefetch)
         beta = self._beta_arg(beta)
-        return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), self._assemble_draw,
+        distinct = _frames_arg(frames, frame_buffer, transform)
+        assemble: Callable[..., Any] = self._assemble_draw
+        if distinct:
+            assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
+        if transform is not None:
+            assemble = _then(assemble, transform)
+        return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
                                      self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out,
-                                     self._post_draw)
+                                     None if distinct else self._post_draw)
 
     # -- rate limiting ---------------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
@@ -536,6 +551,14 @@ class ReplayStore:
         return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
+    def _assemble_frame_draw(self, d: Draw, posted: None = None, then: None = None,
+                             frame_buffer: FrameBuffer | None = None) -> FrameBatch:
+        """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
+        if not isinstance(d.plan, Plan):
+            raise RuntimeError("a prefetched draw has no plan")
+        return assemble_frames(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts,
+                               self._extra_names, self._reader, d.weight, frame_buffer)
+
     def _post_draw(self, d: Draw) -> PostedStacks | None:
         """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see
         ``FrameReader.post_stacks``)."""
@@ -563,19 +586,33 @@ class ReplayStore:
         return self._assemble_sequence_draw(self._limit.sample(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
     def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
-                         beta: float | None = None) -> BatchIterator[SequenceBatch]:
+                         beta: float | None = None, frames: str = "stacks", frame_buffer: FrameBuffer | None = None,
+                         transform: Callable[[Any], Any] | None = None) -> BatchIterator[Any]:
         """An endless iterator of ``sample_sequences(batch_size, length, strict)`` batches whose frames are
         copied in the background, with the rules of ``batches()``: batch ``i + prefetch`` is drawn (and its
         steps fixed) when batch ``i`` is handed out; commits record the draws not yet handed out, and the
         first ``sequence_batches`` iterator of the same arguments after ``open()``/``load()`` hands them out.
+        ``frames="distinct"``, ``frame_buffer``, ``transform``: as for ``batches()`` (``FrameSequenceBatch``es).
         """
         self._check_open()
         b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
         beta = self._beta_arg(beta)
         p = _inputs.prefetch_arg(prefetch)
+        assemble: Callable[..., Any] = self._assemble_sequence_draw
+        if _frames_arg(frames, frame_buffer, transform):
+            assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
+        if transform is not None:
+            assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
-                                     self._assemble_sequence_draw, self._parts.log.index, (b, n, strict),
+                                     assemble, self._parts.log.index, (b, n, strict),
                                      p, self._limit.on_hand_out)
+
+    def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
+        """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
+        if not isinstance(d.plan, SequencePlan):
+            raise RuntimeError("a drawn batch of sequences has no sequence plan")
+        return assemble_sequence_frames(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader,
+                                        d.weight, frame_buffer)
 
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
@@ -873,6 +910,25 @@ class ReplayStore:
 
 
 _WRITERS: weakref.WeakSet[ReplayStore] = weakref.WeakSet()
+
+
+def _frames_arg(frames: Any, frame_buffer: Any, transform: Any) -> bool:
+    """``batches(frames=...)``: True for "distinct"; checks ``frame_buffer`` and ``transform``."""
+    if frames not in ("stacks", "distinct"):
+        raise ValueError(f"frames: expected 'stacks' or 'distinct', got {frames!r}")
+    if frame_buffer is not None and frames != "distinct":
+        raise ValueError("frame_buffer is for frames='distinct': pass both")
+    for name, fn in (("frame_buffer", frame_buffer), ("transform", transform)):
+        if fn is not None and not callable(fn):
+            raise TypeError(f"{name}: expected a callable or None, got {fn!r}")
+    return bool(frames == "distinct")
+
+
+def _then(assemble: Callable[..., Any], transform: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``assemble`` followed by ``transform`` on its batch, in the same thread."""
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return transform(assemble(*args, **kwargs))
+    return run
 
 
 def _after_fork_in_child() -> None:

@@ -29,6 +29,7 @@ Sequences (recurrent and model-based learners): ``replay_loader(path, 32, sequen
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
@@ -46,7 +47,8 @@ from .batch import Batch
 from .sequence_batch import SequenceBatch
 from .store import ReplayStore
 
-__all__ = ["ReplayDataset", "TensorBatch", "TensorSequenceBatch", "replay_loader", "to_tensors"]
+__all__ = ["CudaCopier", "DeviceBatches", "DeviceFeed", "ReplayDataset", "TensorBatch", "TensorSequenceBatch",
+           "device_batches", "replay_loader", "to_tensors"]
 
 
 @dataclass
@@ -164,13 +166,15 @@ class ReplayDataset(IterableDataset[Any]):
     a live writer); ``None`` keeps the commit seen at the start. ``sequence_length``: yield batches of
     sequences of this many steps (``store.sequence_batches``; time axis second) instead of transitions;
     ``strict``: with ``sequence_length``, only sequences with that many steps in their episode.
+    ``device``: yield batches already on this device (``device_batches``: distinct frames through pinned
+    buffers and a side stream, stacks gathered there; the same rows); without ``DataLoader`` workers only.
     """
 
     def __init__(self, path: str | os.PathLike[str], batch_size: int, seed: int = 0, prefetch: int = 2,
                  beta: float | None = None, num_batches: int | None = None, as_dict: bool = True,
                  pin_memory: bool = False, read_threads: int | None = None,
                  refresh_every: int | None = None, sequence_length: int | None = None,
-                 strict: bool = False) -> None:
+                 strict: bool = False, device: Any = None) -> None:
         super().__init__()
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
@@ -199,11 +203,15 @@ class ReplayDataset(IterableDataset[Any]):
         self.refresh_every = refresh_every
         self.sequence_length = sequence_length
         self.strict = strict
+        self.device = device
 
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker = 0 if info is None else int(info.id)
         pin = self.pin_memory
+        if self.device is not None and info is not None:
+            raise ValueError("ReplayDataset(device=...) feeds a device from this process; use it without DataLoader"
+                             " workers (num_workers=0): its reading runs in the store's prefetch thread")
         if pin and info is not None:
             raise ValueError("ReplayDataset(pin_memory=True) pins in this process only; with DataLoader workers"
                              " pass DataLoader(pin_memory=True) instead")
@@ -220,17 +228,32 @@ class ReplayDataset(IterableDataset[Any]):
             n = 0
             while self.num_batches is None or n < self.num_batches:
                 if n and self.refresh_every and n % self.refresh_every == 0 and store.refresh():
+                    if isinstance(batches, DeviceBatches):
+                        batches.close()
                     batches = self._batches(store)
-                out = to_tensors(next(batches), self.as_dict)
-                yield _pin(out) if pin else out
+                batch = next(batches)
+                if isinstance(batch, (TensorBatch, TensorSequenceBatch)):  # device=: already tensors
+                    yield _as_dict(batch) if self.as_dict else batch
+                else:
+                    out = to_tensors(batch, self.as_dict)
+                    yield _pin(out) if pin else out
                 n += 1
+            if isinstance(batches, DeviceBatches):
+                batches.close()
 
 
-    def _batches(self, store: ReplayStore) -> Iterator[Batch | SequenceBatch]:
+    def _batches(self, store: ReplayStore) -> Iterator[Any]:
+        if self.device is not None:
+            return device_batches(store, self.batch_size, self.device, self.prefetch, beta=self.beta,
+                                  sequence_length=self.sequence_length, strict=self.strict)
         if self.sequence_length is None:
             return store.batches(self.batch_size, prefetch=self.prefetch, beta=self.beta)
         return store.sequence_batches(self.batch_size, self.sequence_length, prefetch=self.prefetch,
                                       strict=self.strict, beta=self.beta)
+
+
+def _as_dict(batch: TensorBatch | TensorSequenceBatch) -> dict[str, Any]:
+    return {f.name: getattr(batch, f.name) for f in fields(batch)}
 
 
 def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: int = 0, seed: int = 0,
@@ -242,3 +265,388 @@ def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: in
     """
     ds = ReplayDataset(path, batch_size, seed=seed, **dataset_kwargs)
     return DataLoader(ds, batch_size=None, num_workers=num_workers, pin_memory=pin_memory)
+
+
+# -- the device feed ---------------------------------------------------------------------------------------
+#
+# Batches reach the device in three steps, all but the last in the thread that assembles the batch (the
+# store's prefetch thread while the learner is away, see prefetch.py):
+#   1. the batch's distinct frames are decoded by the native kernels straight into a page-locked host
+#      buffer of a ring (``batches(frames="distinct", frame_buffer=...)``), its small columns packed behind
+#      them (a few KB);
+#   2. one non-blocking copy of that prefix goes to the device on a side stream, an event is recorded after
+#      it (the buffer may be reused once it completed), the stacks are gathered from the frames on the
+#      device (``frames[obs_index]``: bit-identical to ``sample()``'s arrays), a second event after that;
+#   3. the learner's ``next()`` makes its current stream wait on the second event and tells the caching
+#      allocator the tensors are used there (``record_stream``): a few calls, no copy, no wait.
+# A buffer is taken again only after its copy event completed (waiting for it if every other buffer is
+# held), so a copy never reads a buffer being refilled; the ring holds prefetch + 3 buffers: the
+# ``prefetch + 1`` batches the iterator may hold assembled, plus copies in flight.
+
+
+def _align(n: int, a: int = 64) -> int:
+    return -(-n // a) * a
+
+
+_TORCH_DTYPES: dict[np.dtype, torch.dtype] = {}
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    t = _TORCH_DTYPES.get(dtype)
+    if t is None:
+        t = _TORCH_DTYPES[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return t
+
+
+class Copier:
+    """How packed host bytes reach the device (one instance per feed). ``copy`` starts the copy of a 1-D
+    uint8 host tensor and returns the device tensor and a handle that completes when the host bytes have
+    been read; ``build(fn)`` runs ``fn`` (ops on the copied tensor) where they are ordered after the copy
+    and returns a handle that completes after them; ``done``/``wait`` ask or wait for a handle;
+    ``consume(handle, tensors)`` makes the consumer's work wait for it. ``CudaCopier`` is the real one;
+    tests substitute one whose copies complete late."""
+
+    device: torch.device
+    pinned = False
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def build(self, fn: Any) -> tuple[Any, Any]:
+        return fn(), None
+
+    def done(self, handle: Any) -> bool:
+        return True
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def consume(self, handle: Any, tensors: list[torch.Tensor]) -> None:
+        return None
+
+
+class CudaCopier(Copier):
+    """Non-blocking copies on a side stream of ``device``; events mark their completion."""
+
+    pinned = True
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        with torch.cuda.stream(self.stream):
+            dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+            dev.copy_(host, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return dev, event
+
+    def build(self, fn: Any) -> tuple[Any, Any]:
+        with torch.cuda.stream(self.stream):
+            out = fn()
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event
+
+    def done(self, handle: Any) -> bool:
+        return bool(handle.query())
+
+    def wait(self, handle: Any) -> None:
+        handle.synchronize()  # (releases the GIL)
+
+    def consume(self, handle: Any, tensors: list[torch.Tensor]) -> None:
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(handle)
+        for t in tensors:  # allocated on the side stream, used on this one
+            t.record_stream(stream)
+
+
+class _Slot:
+    __slots__ = ("host", "array", "copied", "busy")
+
+    def __init__(self) -> None:
+        self.host: torch.Tensor | None = None  # 1-D uint8, page-locked when the copier wants it
+        self.array: np.ndarray = np.empty(0, np.uint8)  # the same memory
+        self.copied: Any = None  # the handle of the last copy out of it
+        self.busy = False  # held by a batch being assembled or not yet copied
+
+
+class HostRing:
+    """Host buffers for a feed's batches, each taken again only after the copy out of it completed."""
+
+    def __init__(self, copier: Copier, count: int) -> None:
+        self.copier = copier
+        self.slots = [_Slot() for _ in range(count)]
+        self._lock = threading.Lock()
+        self.waits = 0  # times a take had to wait for a copy to complete (the ring was short)
+
+    def take(self) -> _Slot:
+        while True:
+            oldest = None
+            with self._lock:
+                for slot in self.slots:
+                    if slot.busy:
+                        continue
+                    if slot.copied is None or self.copier.done(slot.copied):
+                        slot.copied = None
+                        slot.busy = True
+                        return slot
+                    oldest = oldest or slot
+                if oldest is None:  # every buffer held by an assembled batch: cannot happen with p + 2 or more
+                    slot = _Slot()
+                    slot.busy = True
+                    self.slots.append(slot)
+                    return slot
+                handle = oldest.copied
+            self.waits += 1
+            self.copier.wait(handle)
+
+    def give(self, slot: _Slot, copied: Any) -> None:
+        """The copy out of ``slot`` started (``copied``: its handle): free once it completed."""
+        with self._lock:
+            slot.copied = copied
+            slot.busy = False
+
+    def reserve(self, slot: _Slot, nbytes: int, keep: int = 0) -> np.ndarray:
+        """``slot``'s memory, at least ``nbytes`` (grown if needed, its first ``keep`` bytes kept)."""
+        if slot.array.size < nbytes:
+            size = _align(nbytes + nbytes // 8, 4096)
+            host = torch.empty(size, dtype=torch.uint8, pin_memory=self.copier.pinned)
+            array = host.numpy()
+            if keep:
+                array[:keep] = slot.array[:keep]
+            slot.host, slot.array = host, array
+        return slot.array
+
+
+def _columns(batch: Any, names: tuple[str, ...]) -> list[tuple[str, np.ndarray]]:
+    cols = [(name, getattr(batch, name)) for name in names]
+    cols += [("x_" + k, v) for k, v in batch.extras.items()]
+    return cols
+
+
+_FEED_BATCH = ("action", "reward", "discount", "terminated", "truncated", "index", "weight")
+_FEED_SEQUENCE = ("action", "reward", "terminated", "truncated", "is_first", "mask", "ids", "index", "weight")
+
+
+class DeviceBatches(Iterator[Any]):
+    """``device_batches``' iterator (see there); ``close()`` ends it and its store iterator."""
+
+    def __init__(self, store: ReplayStore, batch_size: int, device: Any = None, prefetch: int = 2,
+                 beta: float | None = None, host_stacks: bool | None = None, pin_memory: bool | None = None,
+                 sequence_length: int | None = None, strict: bool = False, copier: Copier | None = None) -> None:
+        if host_stacks is not None and not isinstance(host_stacks, bool):
+            raise TypeError(f"host_stacks: expected True, False or None, got {host_stacks!r}")
+        dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+        if copier is None and dev.type == "cuda":
+            copier = CudaCopier(dev)
+        elif copier is None and dev.type != "cpu":
+            raise ValueError(f"device: expected a CUDA device or 'cpu', got {dev}")
+        self.device = copier.device if copier is not None else dev
+        if host_stacks is None:
+            # on the CPU the stacks are the output: reading them straight from the ring (batches()' own path,
+            # the reader's helper thread included) costs less than distinct frames and a gather after
+            host_stacks = copier is None
+        self.copier = copier
+        self.host_stacks = host_stacks
+        self.sequences = sequence_length is not None
+        self._pin = False
+        if copier is None and pin_memory:
+            self._pin = _accelerator()
+            if not self._pin:
+                warnings.warn("device_batches(pin_memory=True): no accelerator is available, batches are not"
+                              " pinned", stacklevel=3)
+        self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
+        self._local = threading.local()
+        frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
+        plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
+        frames = "stacks" if plain else "distinct"
+        transform = None if plain else self._transform
+        if self.sequences:
+            self._it: Any = store.sequence_batches(batch_size, sequence_length, prefetch=prefetch,  # type: ignore[arg-type]
+                                                   strict=strict, beta=beta, frames=frames,
+                                                   frame_buffer=frame_buffer, transform=transform)
+        else:
+            self._it = store.batches(batch_size, prefetch=prefetch, beta=beta, frames=frames,
+                                     frame_buffer=frame_buffer, transform=transform)
+
+    # the assembling thread ------------------------------------------------------------------------------
+    def _frame_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        assert self.ring is not None
+        stale = getattr(self._local, "slot", None)
+        if stale is not None:  # a batch of this thread failed after taking its buffer
+            self.ring.give(stale, None)
+        slot = self.ring.take()
+        self._local.slot = slot
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        return self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape)
+
+    def _transform(self, batch: Any) -> Any:
+        if self.ring is None:
+            return self._on_cpu(batch)
+        slot = getattr(self._local, "slot", None)
+        self._local.slot = None
+        if slot is None:
+            slot = self.ring.take()
+        try:
+            return self._send(batch, slot)
+        except BaseException:
+            self.ring.give(slot, None)
+            raise
+
+    def _on_cpu(self, batch: Any) -> Any:
+        """``device="cpu"``: the stacks gathered from the frames (into pinned tensors when asked)."""
+        if isinstance(batch, (Batch, SequenceBatch)):  # host_stacks: sample()'s arrays
+            tensors = to_tensors(batch, as_dict=False)
+            return _pin(tensors) if self._pin else tensors
+        frames = torch.from_numpy(batch.frames)
+        values = {name: _tensor(a) for name, a in _columns(batch, _FEED_SEQUENCE if self.sequences else _FEED_BATCH)}
+        if self._pin:
+            values = {k: v.pin_memory() for k, v in values.items()}
+        stacks = {"obs": batch.obs_index} if self.sequences else {"obs": batch.obs_index, "next_obs": batch.next_index}
+        for name, index in stacks.items():
+            idx = torch.from_numpy(index).reshape(-1).long()
+            out = torch.empty((idx.numel(),) + tuple(frames.shape[1:]), dtype=frames.dtype, pin_memory=self._pin)
+            torch.index_select(frames, 0, idx, out=out)
+            values[name] = out.view(tuple(index.shape) + tuple(frames.shape[1:]))
+        return self._wrap(values)
+
+    def _wrap(self, values: dict[str, torch.Tensor]) -> Any:
+        extras = {k[2:]: values.pop(k) for k in [k for k in values if k.startswith("x_")]}
+        return (TensorSequenceBatch if self.sequences else TensorBatch)(**values, extras=extras)
+
+    def _send(self, batch: Any, slot: _Slot) -> Any:
+        """Pack ``batch`` behind its frames in ``slot``, copy it to the device, gather the stacks there."""
+        assert self.ring is not None and self.copier is not None
+        names = _FEED_SEQUENCE if self.sequences else _FEED_BATCH
+        parts: list[tuple[str, Any]] = []
+        if self.host_stacks:  # stacks built here from the distinct frames, into the buffer (np.take: one pass)
+            fr = batch.frames
+            parts.append(("obs", _Take(fr, batch.obs_index)))
+            if not self.sequences:
+                parts.append(("next_obs", _Take(fr, batch.next_index)))
+            head = 0
+        else:  # the frames are already at the buffer's start (frame_buffer)
+            head = _align(batch.frames.nbytes)
+            parts.append(("obs_index", batch.obs_index))
+            if not self.sequences:
+                parts.append(("next_index", batch.next_index))
+        parts += _columns(batch, names)
+        offsets = []
+        end = head
+        for _, a in parts:
+            offsets.append(end)
+            end = _align(end + a.nbytes)
+        array = self.ring.reserve(slot, end, keep=head)
+        for (_, a), off in zip(parts, offsets, strict=True):
+            if isinstance(a, _Take):
+                np.take(a.frames, a.index, axis=0, out=array[off:off + a.nbytes].view(a.dtype).reshape(a.shape))
+            else:
+                array[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        assert slot.host is not None
+        dev, copied = self.copier.copy(slot.host[:end])
+        self.ring.give(slot, copied)
+        frames_shape = tuple(batch.frames.shape) if head else ()
+        frames_dtype = batch.frames.dtype if head else None
+
+        def build() -> dict[str, torch.Tensor]:
+            values = {}
+            for (name, a), off in zip(parts, offsets, strict=True):
+                values[name] = dev[off:off + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
+            if head:
+                assert frames_dtype is not None
+                frames = dev[:int(np.prod(frames_shape)) * frames_dtype.itemsize].view(_torch_dtype(frames_dtype))
+                frames = frames.view(frames_shape)
+                values["obs"] = frames[values.pop("obs_index")]
+                if not self.sequences:
+                    values["next_obs"] = frames[values.pop("next_index")]
+            return values
+
+        values, ready = self.copier.build(build)
+        keep = [dev, values["obs"]] + ([values["next_obs"]] if "next_obs" in values else [])
+        return _Sent(self._wrap(values), ready, keep)
+
+    # the consumer's thread ------------------------------------------------------------------------------
+    def __next__(self) -> Any:
+        out = next(self._it)
+        if isinstance(out, _Sent):
+            assert self.copier is not None
+            self.copier.consume(out.ready, out.keep)
+            return out.batch
+        if isinstance(out, (Batch, SequenceBatch)):  # the CPU, host stacks: zero-copy tensors of the arrays
+            return self._on_cpu(out)
+        return out
+
+    def __iter__(self) -> DeviceBatches:
+        return self
+
+    def close(self) -> None:
+        self._it.close()
+
+
+class _Take:
+    """``frames[index]``, to be written into a host buffer by ``np.take`` (one pass)."""
+
+    __slots__ = ("frames", "index", "shape", "dtype", "nbytes")
+
+    def __init__(self, frames: np.ndarray, index: np.ndarray) -> None:
+        self.frames, self.index = frames, index
+        self.shape = tuple(index.shape) + tuple(frames.shape[1:])
+        self.dtype = frames.dtype
+        self.nbytes = int(np.prod(self.shape)) * frames.dtype.itemsize
+
+
+class _Sent:
+    """A batch on its way to the device: usable on the consumer's stream once ``ready`` completed."""
+
+    __slots__ = ("batch", "ready", "keep")
+
+    def __init__(self, batch: Any, ready: Any, keep: list[torch.Tensor]) -> None:
+        self.batch, self.ready, self.keep = batch, ready, keep
+
+
+def device_batches(store: ReplayStore, batch_size: int, device: Any = None, prefetch: int = 2,
+                   beta: float | None = None, host_stacks: bool | None = None, pin_memory: bool | None = None,
+                   sequence_length: int | None = None, strict: bool = False) -> DeviceBatches:
+    """An endless iterator of ``TensorBatch``es already on ``device`` (default: CUDA when available, else
+    the CPU), with the draws of ``store.batches(batch_size, prefetch)``: without priority updates the
+    batches of repeated ``store.sample(batch_size)``, bit for bit; commits and resumes as ``batches()``.
+
+    On a CUDA device each batch's distinct frames are decoded into page-locked host memory by the store's
+    prefetch thread, copied with the batch's small columns in one non-blocking copy on a side stream, and
+    the stacks gathered from them on the device; ``next()`` only makes the current stream wait for that
+    (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies stacks
+    built on the host instead (8 frames a row rather than about 5). On the CPU (``device="cpu"``) the
+    batches are ``batches()``' own, as tensors (``host_stacks=False``: gathered from the distinct frames,
+    as on a GPU); ``pin_memory=True`` pins them (needs an accelerator).
+    ``sequence_length=L`` (and ``strict``) hands out ``TensorSequenceBatch``es of
+    ``store.sequence_batches(batch_size, L)`` the same way. Close it (or the store) when done.
+    """
+    return DeviceBatches(store, batch_size, device, prefetch, beta, host_stacks, pin_memory, sequence_length, strict)
+
+
+class DeviceFeed:
+    """``sample(batch_size)`` for a learner on a device: ``feed.next(batch_size)`` is the next batch of
+    ``device_batches(store, batch_size, device, prefetch)`` (a new iterator when the size changes; the
+    old one is closed, its drawn batches dropped). For drop-ins whose API is ``sample(batch_size)``."""
+
+    def __init__(self, store: ReplayStore, device: Any = None, prefetch: int = 2, **options: Any) -> None:
+        self.store = store
+        self.device = device
+        self.prefetch = prefetch
+        self.options = options
+        self._size = 0
+        self._it: DeviceBatches | None = None
+
+    def next(self, batch_size: int) -> Any:
+        if self._it is None or batch_size != self._size:
+            self.close()
+            self._it = device_batches(self.store, batch_size, self.device, self.prefetch, **self.options)
+            self._size = batch_size
+        return next(self._it)
+
+    def close(self) -> None:
+        if self._it is not None:
+            self._it.close()
+            self._it = None

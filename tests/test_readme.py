@@ -79,6 +79,7 @@ def test_every_python_block_runs_on_its_own_in_an_empty_directory(tmp_path):
     said = re.fullmatch(r"4 episodes, ([\d,]+) sampleable transitions\n", outputs["Offline-RL datasets"])
     assert said and int(said[1].replace(",", "")) > 1900  # the four time-limited episodes; the fifth is not exported
     assert "torch.Size([32, 4, 84, 84])" in outputs["Gymnasium and PyTorch"]
+    assert "torch.Size([256, 4, 84, 84])" in outputs["Batches on the GPU (`device_batches`)"]
     assert outputs["Writing blocks of steps (`extend`)"].split()[:2] == ["(0,", "400)"]
     assert outputs["Datasets on object storage"].split() == ["episodes", "1", "140"]  # the ended episode
     if _installed("ray"):

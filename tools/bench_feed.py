@@ -1,0 +1,273 @@
+"""The device feed on the CPU: does it keep a GIL-bound learner fed, and what does it cost?
+
+A stand-in learner spends about 2 ms per update the way an eager PyTorch update does on its Python side:
+a fixed amount of pure-Python work cut into ~100 steps, each followed by a tiny torch op (which releases
+the GIL for a moment, as every op of an eager update does). Its updates/s are measured alone and fed by
+``sample()`` (+ ``to_tensors``), ``batches(prefetch=2)`` (+ ``to_tensors``) and
+``mmreplay.torch.device_batches(store, B, "cpu", prefetch=2)``, in alternating windows in one process;
+each ratio is the median over rounds of the per-round ratio to "alone" (this machine's cores are shared).
+Also the time the learner's thread spends in the feed's ``next()`` per batch (wall, and that thread's CPU
+time: the most it can hold the GIL there), and the process's CPU-seconds per 1,000 batches in a tight
+loop (getrusage: every thread) of the feed, ``sample()`` and cpprb 11's ``ReplayBuffer.sample()``
+(1-step, ``next_of="obs"`` + ``stack_compress="obs"``, as tools/peers/peer_cpprb.py configures it for this
+workload; it does less work: no n-step return, stacks of its own layout, numpy not tensors).
+
+Store: the repository's real Atari episodes (tests/data/atari, 84x84 uint8) cycled into episodes of
+100..3000 steps, stack 4, n-step 3, compressed (the default), filled to 1.1x capacity.
+Writes the ``feed`` section of BENCHMARKS.md.
+
+    python tools/bench_feed.py                       # capacity 50,000, 5 rounds: ~4 min
+    python tools/bench_feed.py --capacity 20000 --rounds 2 --seconds 1 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import table, write_section  # noqa: E402
+
+import mmreplay as mr  # noqa: E402
+from mmreplay.bench import fill  # noqa: E402
+from mmreplay.torch import device_batches, to_tensors  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 100  # Python steps per update, each followed by one tiny torch op
+
+
+def log(msg: str) -> None:
+    print(time.strftime("%H:%M:%S"), msg, file=sys.stderr, flush=True)
+
+
+def atari_pool() -> np.ndarray:
+    games = ("pong", "breakout", "seaquest", "mspacman")
+    return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"]
+                           for g in games])
+
+
+class Learner:
+    """About ``seconds`` per update of GIL-bound Python, calibrated alone (fixed work afterwards)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.x = torch.zeros(16)
+        # t(inner) = a + b * inner (a: the torch ops and the loop), from two timings, then refined once
+        self.inner = 1
+        a = self._timed()
+        self.inner = 200
+        b = (self._timed() - a) / 199
+        for _ in range(2):
+            self.inner = max(1, round(self.inner + (seconds - self._timed()) / b))
+        self.seconds = self._timed()
+
+    def _timed(self) -> float:
+        times = []
+        for _ in range(15):
+            t0 = time.perf_counter()
+            self.update(None)
+            times.append(time.perf_counter() - t0)
+        return min(times)  # (the machine's cores are shared: the least is the learner's own time)
+
+    def update(self, batch: Any) -> None:
+        if batch is not None:
+            _ = batch.obs.shape, batch.index.shape  # a real update starts from the batch's tensors
+        x, inner = self.x, self.inner
+        acc = 0
+        for _ in range(STEPS):
+            for j in range(inner):
+                acc += j * j % 7
+            x.add_(1.0)
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def window(step: Callable[[], Any], seconds: float) -> float:
+    """Calls per second of ``step`` over about ``seconds`` (after two untimed calls)."""
+    step()
+    step()
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        step()
+        n += 1
+        if time.perf_counter() - t0 >= seconds:
+            return n / (time.perf_counter() - t0)
+
+
+class NextTimer:
+    """Wall and thread-CPU seconds spent in ``next(it)`` by the caller."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def next(self, it: Any) -> Any:
+        c0, t0 = time.thread_time(), time.perf_counter()
+        out = next(it)
+        self.wall.append(time.perf_counter() - t0)
+        self.cpu.append(time.thread_time() - c0)
+        return out
+
+
+def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float
+                  ) -> tuple[dict[str, list[float]], NextTimer]:
+    modes = ("alone", "sample", "batches2", "feed")
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    timer = NextTimer()
+    for r in range(rounds):
+        for m in (modes if r % 2 == 0 else modes[::-1]):
+            it: Any = None
+            if m == "alone":
+                def step() -> None:
+                    learner.update(None)
+            elif m == "sample":
+                def step() -> None:
+                    learner.update(to_tensors(store.sample(b), as_dict=False))
+            elif m == "batches2":
+                it = store.batches(b, prefetch=2)
+
+                def step() -> None:
+                    learner.update(to_tensors(next(it), as_dict=False))  # noqa: B023 (used within the window)
+            else:
+                it = device_batches(store, b, "cpu", prefetch=2)
+
+                def step() -> None:
+                    learner.update(timer.next(it))  # noqa: B023
+            rates[m].append(window(step, seconds))
+            if it is not None:
+                it.close()
+        log(f"B={b} round {r}: " + ", ".join(f"{m} {rates[m][-1]:.0f}/s" for m in modes))
+    return rates, timer
+
+
+def cpu_per_1000(step: Callable[[], Any], n: int) -> float:
+    for _ in range(3):
+        step()
+    c0 = _cpu()
+    for _ in range(n):
+        step()
+    return (_cpu() - c0) / n * 1000
+
+
+def cpprb_buffer(capacity: int, pool: np.ndarray, steps: int) -> Any:
+    import cpprb
+
+    env = {"obs": {"shape": (84, 84, 4), "dtype": np.uint8}, "act": {"dtype": np.int64}, "rew": {}, "done": {}}
+    rb = cpprb.ReplayBuffer(capacity, env, next_of="obs", stack_compress="obs")
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(100, 3001, size=steps // 100 + 2)
+    npool = len(pool)
+    stack = [pool[0]] * 4
+    e, left = 0, int(lengths[0])
+    for i in range(steps):
+        obs = np.stack(stack, axis=-1)
+        stack = stack[1:] + [pool[(i + 1) % npool]]
+        left -= 1
+        end = left == 0
+        rb.add(obs=obs, act=int(rng.integers(6)), rew=0.0, next_obs=np.stack(stack, axis=-1), done=float(end))
+        if end:
+            rb.on_episode_end()
+            stack = [pool[(i + 7) % npool]] * 4
+            e += 1
+            left = int(lengths[e % len(lengths)])
+    return rb
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--capacity", type=int, default=50_000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=1.5, help="per window")
+    ap.add_argument("--learner-ms", type=float, default=2.0)
+    ap.add_argument("--batch", type=int, action="append", help="default: 32 and 256")
+    ap.add_argument("--no-cpprb", action="store_true")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    sizes = args.batch or [32, 256]
+    load0 = os.getloadavg()[0]
+    torch.set_num_threads(1)  # the learner's tiny ops: no intra-op pool
+    pool = atari_pool()
+    tmp = tempfile.mkdtemp(prefix="bench_feed_")
+    try:
+        path = os.path.join(tmp, "store")
+        steps = int(args.capacity * 1.1)
+        with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
+            log(f"filling {steps:,} steps")
+            fill(w, steps, pool)
+        store = mr.ReplayStore.open(path, "r", seed=0)
+        learner = Learner(args.learner_ms / 1000)
+        log(f"learner: {learner.seconds * 1e3:.2f} ms per update alone ({learner.inner} inner)")
+        rows, gil, cpu_rows = [], [], []
+        rb = None if args.no_cpprb else cpprb_buffer(args.capacity, pool, steps)
+        for b in sizes:
+            rates, timer = learner_rates(store, b, learner, args.rounds, args.seconds)
+            ratio = {m: statistics.median(x / a for x, a in zip(rates[m], rates["alone"], strict=True))
+                     for m in rates}
+            rows.append([str(b), f"{statistics.median(rates['alone']):.0f}"]
+                        + [f"{statistics.median(rates[m]):.0f} ({ratio[m]:.2f})" for m in ("sample", "batches2", "feed")])
+            wall = np.array(timer.wall) * 1e6
+            cpu = np.array(timer.cpu) * 1e6
+            gil.append([str(b), f"{np.median(wall):.0f}", f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}",
+                        f"{np.percentile(cpu, 90):.0f}"])
+            n = max(200, 40_000 // b)
+            it = device_batches(store, b, "cpu", prefetch=2)
+            feed = cpu_per_1000(lambda: next(it), n)  # noqa: B023
+            it.close()
+            samp = cpu_per_1000(lambda: to_tensors(store.sample(b), as_dict=False), n)  # noqa: B023
+            # the GPU feed's reading on the host: distinct frames into one reused buffer (pinned on a GPU machine)
+            buf = np.empty((2 * b * 4 + 1, 84, 84), np.uint8)
+            dit = store.batches(b, prefetch=2, frames="distinct",
+                                frame_buffer=lambda shape, dtype: buf[:shape[0]])  # noqa: B023
+            per_row: list[float] = []
+            distinct = cpu_per_1000(lambda: per_row.append(len(next(dit).frames) / b), n)  # noqa: B023
+            dit.close()
+            peer = cpu_per_1000(lambda: rb.sample(b), n) if rb is not None else float("nan")  # noqa: B023
+            cpu_rows.append([str(b), f"{feed:.2f}", f"{samp:.2f}", f"{distinct:.2f} ({np.mean(per_row):.2f})",
+                             f"{peer:.2f}", f"{feed / peer:.2f}"])
+            log(f"B={b}: ratios {ratio}; next() {np.median(wall):.0f} us wall, {np.median(cpu):.0f} us CPU; "
+                f"CPU-s/1000: feed {feed:.2f}, sample {samp:.2f}, cpprb {peer:.2f}")
+        store.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    body = "\n\n".join([
+        "## Device feed on the CPU (`device_batches(store, B, \"cpu\")`)",
+        f"A stand-in learner spends {learner.seconds * 1e3:.1f} ms per update in GIL-bound Python (100 pure-Python"
+        " steps each followed by a tiny torch op, the Python side of an eager update); updates/s alone and fed by"
+        " each way, in brackets the median per-round ratio to alone (target for the feed: >= 0.95). Store: the"
+        f" repository's Atari episodes, capacity {args.capacity:,}, stack 4, n-step 3, compressed; {args.rounds} rounds of"
+        f" {args.seconds:g} s windows, alternating. Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f}"
+        f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
+        " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
+        table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"],
+              rows),
+        "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
+        " the GIL it holds there: the draw of batch i+2, hand-out bookkeeping; the frames are read by the store's"
+        " background threads):",
+        table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
+        "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
+        " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
+        " no n-step window; numpy arrays); and the reading a GPU feed does on the host, `batches(frames=\"distinct\")`"
+        " into one buffer (in brackets the distinct frames a row; the stacks hold 8):",
+        table(["batch", "feed", "`sample()`", "distinct frames (frames a row)", "cpprb", "feed / cpprb"], cpu_rows),
+    ])
+    print(body)
+    if not args.no_write:
+        write_section("feed", body)
+
+
+if __name__ == "__main__":
+    main()
