@@ -345,14 +345,24 @@ def test_dqn_cnn_learns(sb3, spaces, tmp_path):
     th = require("torch")
     from stable_baselines3 import DQN
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.torch_layers import BaseFeaturesExtractor
     from stable_baselines3.common.vec_env import VecFrameStack
+
+    class Small(BaseFeaturesExtractor):  # a CnnPolicy with a small conv net: the test stays a few seconds
+        def __init__(self, space):
+            super().__init__(space, 16)
+            self.net = th.nn.Sequential(th.nn.Conv2d(space.shape[0], 8, 6, stride=6), th.nn.ReLU(),
+                                        th.nn.Flatten(), th.nn.Linear(8 * 6 * 6, 16), th.nn.ReLU())
+
+        def forward(self, x):
+            return self.net(x)
 
     th.set_num_threads(1)
     env = VecFrameStack(make_vec_env(_side_env(gym, spaces), n_envs=1, seed=0), 4)
     model = DQN("CnnPolicy", env, buffer_size=2000, learning_starts=200, train_freq=4, batch_size=32,
                 exploration_fraction=0.3, target_update_interval=100, learning_rate=5e-4, gamma=0.0, seed=0,
                 replay_buffer_class=sb3.ReplayBuffer, replay_buffer_kwargs=dict(path=tmp_path / "s"),
-                policy_kwargs=dict(net_arch=[32], features_extractor_kwargs=dict(features_dim=32)))
+                policy_kwargs=dict(net_arch=[], features_extractor_class=Small))
     assert isinstance(model.replay_buffer, sb3.ReplayBuffer)
     model.learn(2000)
     buf = model.replay_buffer
@@ -400,7 +410,7 @@ def test_save_and_load_resume_exactly(sb3, spaces, tmp_path):
     then = [buf.sample(16) for _ in range(3)]  # the sampling that follows the pickle
     state = (buf.pos, buf.full, buf.store.id_range)
     model.learn(30, reset_num_timesteps=False)  # moves on past the checkpoint, then the run "dies"
-    loaded = SAC.load(tmp_path / "model.zip")
+    loaded = SAC.load(tmp_path / "model.zip", env=model.get_env())
     loaded.load_replay_buffer(tmp_path / "buffer.pkl")  # in the same process: takes the store over
     again = loaded.replay_buffer
     assert buf.store.closed  # the old buffer let go of it
@@ -410,7 +420,7 @@ def test_save_and_load_resume_exactly(sb3, spaces, tmp_path):
             assert th.equal(x, y)
     loaded.learn(20, reset_num_timesteps=False)  # and training continues on it
     assert again.store.id_range[1] == state[2][1] + 20
-    again.close()
+    again.close(commit=False)
 
 
 def test_close_keeps_the_paired_commit(sb3, spaces, tmp_path):
