@@ -51,6 +51,9 @@ from .store import ReplayStore
 
 __all__ = ["ReplayBuffer", "FrameLayout"]
 
+# SB3 before 2.7 has no n-step samples: its ReplayBufferSamples has no ``discounts`` field
+_HAS_DISCOUNTS = "discounts" in ReplayBufferSamples._fields
+
 
 # -- frames of an observation --------------------------------------------------------------------------
 class FrameLayout:
@@ -161,7 +164,13 @@ class _Handle:
 
 def _same(prev: np.ndarray | None, obs: np.ndarray) -> bool:
     """Whether ``obs`` continues an episode whose last ``next_obs`` was ``prev`` (None: it ended)."""
-    return prev is not None and np.array_equal(prev, obs)
+    return prev is not None and _equal(prev, obs)
+
+
+def _equal(a: np.ndarray, b: np.ndarray) -> bool:
+    """Byte equality of two arrays of one shape and dtype (a copy and a memcmp: ~5x ``np.array_equal``
+    on a 4x84x84 stack; NaN equals the same NaN, as the same observation should)."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 def _finalize(handle: _Handle) -> None:
@@ -213,6 +222,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
         self.optimize_memory_usage = bool(optimize_memory_usage)
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.n_steps, self.gamma = int(n_steps), float(gamma)
+        if self.n_steps > 1 and not _HAS_DISCOUNTS:
+            raise ValueError("n_steps > 1 needs stable-baselines3 >= 2.7 (its samples carry discounts); upgrade it"
+                             " or pass n_steps=1")
         self.layout = FrameLayout.detect(observation_space, frame_stack)
         self._obs_dtype = np.dtype(observation_space.dtype)
         self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
@@ -307,7 +319,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         for i in starts:
             self._check_start(i, f_obs[i])
         if lay.stack > 1:
-            bad = [i for i in range(n) if not np.array_equal(f_next[i, :-1], f_obs[i, 1:])]
+            bad = [i for i in range(n) if not _equal(f_next[i, :-1], f_obs[i, 1:])]
             if bad:
                 raise ValueError(
                     f"add(): env {bad[0]}'s next_obs is not its obs moved on by one frame (frames 1..{lay.stack - 1}"
@@ -379,11 +391,12 @@ class ReplayBuffer(_SB3ReplayBuffer):
         dones = batch.terminated.astype(np.float32).reshape(-1, 1)
         rewards = batch.reward.reshape(-1, 1)
         discounts = batch.discount.reshape(-1, 1) if self.n_steps > 1 else None
-        return ReplayBufferSamples(
-            self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
-            self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
-            self.to_torch(self._normalize_reward(rewards, env)),
-            None if discounts is None else self.to_torch(discounts))
+        fields: list[th.Tensor | None] = [self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
+                  self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
+                  self.to_torch(self._normalize_reward(rewards, env))]
+        if _HAS_DISCOUNTS:
+            fields.append(None if discounts is None else self.to_torch(discounts))
+        return ReplayBufferSamples(*fields)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ReplayBufferSamples:
         raise NotImplementedError("mmreplay.sb3.ReplayBuffer samples by transition id: call sample()")

@@ -17,7 +17,7 @@ LAYERS = [
     {"drawing", "durability"},
     {"store", "verify"},
     {"datasets"},
-    {"gym", "torch", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli", "__main__"},
+    {"gym", "torch", "sb3", "ray", "viz", "bench", "demo", "cli", "cli_store", "datasets.cli", "__main__"},
 ]
 
 
