@@ -391,9 +391,9 @@ class ReplayBuffer(_SB3ReplayBuffer):
         dones = batch.terminated.astype(np.float32).reshape(-1, 1)
         rewards = batch.reward.reshape(-1, 1)
         discounts = batch.discount.reshape(-1, 1) if self.n_steps > 1 else None
-        fields: list[th.Tensor | None] = [self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
-                  self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
-                  self.to_torch(self._normalize_reward(rewards, env))]
+        fields: list[Any] = [self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
+                             self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
+                             self.to_torch(self._normalize_reward(rewards, env))]
         if _HAS_DISCOUNTS:
             fields.append(None if discounts is None else self.to_torch(discounts))
         return ReplayBufferSamples(*fields)
