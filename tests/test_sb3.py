@@ -496,3 +496,23 @@ def test_kill_9_reopens_at_the_last_pickle(sb3, tmp_path):
             np.array([300.0]), np.array([False]), [{}])
     assert len(buf.store) == 300
     buf.close(commit=False)
+
+
+def test_dones_cut_and_reset_empty(sb3, spaces, tmp_path):
+    box = spaces.Box(-1e6, 1e6, (2,), np.float32)
+    buf = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "s", optimize_memory_usage=True)
+    o = np.zeros((1, 2), np.float32)
+    for i in range(3):
+        buf.add(o + i, o + i + 1, o, np.array([1.0]), np.array([False]), [{}])
+    buf.dones[buf.pos - 1] = True  # what SB3's learn() writes before it resets the env
+    buf.add(o + 3, o + 4, o, np.array([1.0]), np.array([True]), [{}])  # obs continues, yet a new episode starts
+    table = buf.store.episodes()
+    assert len(table) == 2 and bool(table.truncated[0])  # the first episode was cut, truncated
+    assert len(buf.store) == 4 and buf.size() == 4
+    buf.reset()
+    assert buf.size() == 0 and len(buf.store) == 0  # nothing added before reset() is sampled again
+    with pytest.raises(ValueError):
+        buf.sample(1)
+    buf.add(o + 9, o + 10, o, np.array([1.0]), np.array([True]), [{}])
+    assert buf.sample(4).observations[:, 0].unique().tolist() == [9.0]
+    buf.close(commit=False)

@@ -206,6 +206,7 @@ def main() -> None:
     if args.child == "rates":
         print(json.dumps(child_rates(args.rate_capacity, args.rounds, args.seconds, args.work)))
         return
+    load0 = os.getloadavg()[0]
     mem = run_child("memory", args)
     print(json.dumps(mem), flush=True)
     rates = run_child("rates", args)
@@ -233,7 +234,10 @@ def main() -> None:
         + f"\n\nRates at a capacity where SB3's buffer fits ({rates['capacity']:,}, filled), in one process,"
         f" {len(r['sb3 add'])} alternating windows of {args.seconds:g} s each; ratio = mmreplay / SB3 per pair of"
         " windows, median:\n\n"
-        + table(["", "SB3", "mmreplay", "ratio"], rows))
+        + table(["", "SB3", "mmreplay", "ratio"], rows)
+        + f"\n\nLoad average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on"
+        f" {os.cpu_count()} cores: above the core count, other processes shared the machine and the rates are"
+        " noisy; the memory and disk figures are not affected.")
     print(body)
     if not args.no_write:
         write_section("sb3", body)
