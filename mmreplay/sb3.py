@@ -66,6 +66,7 @@ class FrameLayout:
 
     def __init__(self, obs_shape: tuple[int, ...], stack: int, axis: str) -> None:
         self.obs_shape, self.stack, self.axis = obs_shape, stack, axis
+        self.obs_size = int(np.prod(obs_shape))
         if stack == 1:
             self.frame_shape: tuple[int, ...] = obs_shape
             return
@@ -351,7 +352,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
     def _obs_arg(self, value: Any, what: str) -> np.ndarray:
         arr = np.asarray(value)
         want = (self.n_envs, *self.obs_shape)
-        if arr.size != int(np.prod(want)):
+        if arr.size != self.n_envs * self.layout.obs_size:
             raise ValueError(f"add(): {what} has shape {arr.shape}, expected {want} (n_envs, *observation shape)")
         return arr.reshape(want).astype(self._obs_dtype, copy=False)
 
