@@ -288,25 +288,24 @@ def test_flat_box_round_trip(sb3, spaces, tmp_path, n_envs, n, style):
 
 
 def test_vecnormalize_like_sb3(sb3, spaces, tmp_path):
+    gym = require("gymnasium")
     require("torch")
     from stable_baselines3.common.buffers import ReplayBuffer as SB3Buffer
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
-    obs_space, act_space = spaces.Box(-10, 10, (3,), np.float32), spaces.Box(-1, 1, (2,), np.float32)
-
-    class Norm:  # VecNormalize's two methods that sample() calls
-        def normalize_obs(self, obs):
-            return (obs - 1.0) / 2.0
-
-        def normalize_reward(self, r):
-            return r * 0.5
-
+    norm = VecNormalize(DummyVecEnv([lambda: gym.make("Pendulum-v1")]), gamma=0.9)
+    norm.seed(0)
+    norm.reset()
+    for _ in range(50):  # running statistics that are not the identity
+        norm.step(np.array([[0.5]], np.float32))
+    obs_space, act_space = norm.observation_space, norm.action_space
     mine = sb3.ReplayBuffer(100, obs_space, act_space, device="cpu", path=tmp_path / "s")
     theirs = SB3Buffer(100, obs_space, act_space, device="cpu")
-    o = np.array([[1.0, 2.0, 3.0]], np.float32)
-    o2 = o + 1
+    o = np.array([[0.3, -0.2, 1.5]], np.float32)
     for b in (mine, theirs):
-        b.add(o, o2, np.array([[0.5, -0.5]]), np.array([2.0]), np.array([True]), [{}])
-    a, b = mine.sample(4, env=Norm()), theirs.sample(4, env=Norm())
+        b.add(o, o + 1, np.array([[0.5]]), np.array([2.0]), np.array([True]), [{}])
+    a, b = mine.sample(4, env=norm), theirs.sample(4, env=norm)
+    assert not np.allclose(a.observations.numpy(), o)  # normalized
     for x, y in zip(a[:5], b[:5], strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x.numpy(), y.numpy())
