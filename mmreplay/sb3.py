@@ -22,7 +22,8 @@ What it does with SB3's calls:
 - ``sample(batch_size, env=None)``: ``ReplayBufferSamples`` of tensors on the buffer's device, SB3's
   shapes and dtypes; ``discounts`` is ``gamma ** m`` (0 after a termination) when ``n_steps > 1``.
 - Pickling (``save_replay_buffer``) commits the store and keeps only its location and this object's
-  small state; unpickling (``load_replay_buffer``) reopens that commit.
+  small state; unpickling (``load_replay_buffer``) reopens that commit (a buffer of this process that
+  still holds the store is closed at its last commit first: the loaded one takes the store over).
 """
 
 from __future__ import annotations
@@ -178,9 +179,13 @@ def _finalize(handle: _Handle) -> None:
     """The buffer was garbage-collected (or the interpreter exits): close as ``close()`` would."""
     try:
         handle.close(None)
-    except Exception:  # at exit the store's threads may be gone: the store stays at its last commit
+    except Exception as exc:  # at exit the store's threads may be gone: the store stays at its last commit
         if handle.temp_dir is not None:
             shutil.rmtree(handle.temp_dir, ignore_errors=True)
+        else:
+            warnings.warn(f"mmreplay.sb3.ReplayBuffer: {handle.store.path} could not be closed when the buffer"
+                          f" was collected ({exc}); it stays at its last commit. Call close() before exiting.",
+                          stacklevel=2)
 
 
 # -- the buffer -----------------------------------------------------------------------------------------
