@@ -6,9 +6,12 @@ Needs ``gymnasium`` (``pip install 'mmreplay[gym]'``); the Atari helpers also ne
 - ``store_from_env(env, path, capacity, **create_kwargs)`` (also ``ReplayStore.from_env``): a store whose
   ``obs_shape``/``obs_dtype``, ``action_shape``/``action_dtype`` and ``num_envs`` come from the env.
 - ``RecordToStore(env, store)``: a wrapper that writes every ``reset``/``step`` of a single env into the store.
-- ``RecordVectorToStore(envs, store)``: the same for a vector env with Gymnasium's default NEXT_STEP
-  autoreset (the step after an env's episode ended returns that env's reset observation; the store
-  takes it as the new episode's first observation and records no transition for it).
+- ``RecordVectorToStore(envs, store)``: the same for a vector env, in each of Gymnasium's autoreset modes:
+  NEXT_STEP (the default: the step after an env's episode ended returns that env's reset observation;
+  the store takes it as the new episode's first observation and records no transition for it),
+  SAME_STEP (the final observation comes in ``infos["final_obs"]``; the step's observation is the new
+  episode's first) and DISABLED (finished envs are reset with ``reset(options={"reset_mask": ...})``).
+  ``store_from_env`` and a hand-written ``store.step()`` loop follow NEXT_STEP only and refuse the others.
 - ``make_atari(env_id)``: an ALE game as 84x84 grayscale frames with frame skipping and max-pooling,
   without OpenCV (the area-averaging resize is a few numpy gathers and sums).
 """
@@ -24,10 +27,16 @@ import numpy as np
 
 try:
     import gymnasium as gym
-    from gymnasium import spaces
-    from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("mmreplay.gym needs gymnasium: pip install 'mmreplay[gym]'") from exc
+try:
+    from gymnasium import spaces
+    from gymnasium.vector import AutoresetMode, VectorEnv, VectorWrapper
+except ImportError as exc:
+    # gymnasium < 1.1 (CleanRL pins 0.29.1) has no AutoresetMode: its vector envs reset in the same
+    # step, which a store fed as for NEXT_STEP would record wrongly; refuse by version, not by extra
+    raise ImportError(f"mmreplay.gym needs gymnasium >= 1.1, found gymnasium {getattr(gym, '__version__', '?')}"
+                      f" ({exc}); upgrade it: pip install -U 'gymnasium>=1.1'") from exc
 
 from .spaces import space_json
 from .store import ReplayStore
@@ -68,10 +77,16 @@ def _unsupported_hint(space: Any, what: str) -> str:
             f" store.step() {loop}")
 
 
-def env_layout(env: Any) -> dict[str, Any]:
-    """The ``create()`` arguments an env (or vector env) implies: shapes, dtypes, ``num_envs``, ``vector``."""
+def env_layout(env: Any, any_autoreset: bool = False) -> dict[str, Any]:
+    """The ``create()`` arguments an env (or vector env) implies: shapes, dtypes, ``num_envs``, ``vector``.
+
+    A vector env must autoreset as NEXT_STEP, unless ``any_autoreset`` (the recorder handles every mode).
+    """
     if isinstance(env, VectorEnv):
-        check_autoreset(env)
+        if any_autoreset:
+            autoreset_mode(env)
+        else:
+            check_autoreset(env)
         obs_space, act_space = env.single_observation_space, env.single_action_space
         num_envs, vector = int(env.num_envs), True
     elif isinstance(env, gym.Env):
@@ -85,21 +100,33 @@ def env_layout(env: Any) -> dict[str, Any]:
             "action_dtype": action_dtype, "num_envs": num_envs, "vector": vector}
 
 
-def check_autoreset(env: Any) -> None:
-    """Accept vector envs with NEXT_STEP autoreset (Gymnasium's default); reject the other modes."""
+def autoreset_mode(env: Any) -> str:
+    """The vector env's autoreset mode by name (``NEXT_STEP``, ``SAME_STEP``, ``DISABLED``)."""
     mode = getattr(env, "metadata", {}).get("autoreset_mode")
     if mode is None:
         warnings.warn(f"{env} declares no metadata['autoreset_mode']; assuming Gymnasium's default NEXT_STEP",
                       stacklevel=3)
-        return
-    if mode != AutoresetMode.NEXT_STEP and mode != AutoresetMode.NEXT_STEP.value:
-        name = getattr(mode, "name", mode)
+        return "NEXT_STEP"
+    try:
+        return str(AutoresetMode(mode).name)
+    except ValueError:
+        raise ValueError(f"vector env autoreset mode {mode!r}: mmreplay knows NEXT_STEP, SAME_STEP and"
+                         " DISABLED") from None
+
+
+def check_autoreset(env: Any) -> None:
+    """Accept vector envs with NEXT_STEP autoreset (what ``store.step()`` follows); refuse the other modes."""
+    name = autoreset_mode(env)
+    if name != "NEXT_STEP":
         raise ValueError(
-            f"vector env autoreset mode {name}: mmreplay records NEXT_STEP autoreset only (Gymnasium's default);"
-            " make the vector env with autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP")
+            f"vector env autoreset mode {name}: store.step() records NEXT_STEP autoreset only (Gymnasium's"
+            f" default); make the vector env with autoreset_mode=gymnasium.vector.AutoresetMode.NEXT_STEP,"
+            f" or record it with mmreplay.gym.RecordVectorToStore.create(envs, path, capacity), which records"
+            f" {name} exactly")
 
 
-def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, **kwargs: Any) -> ReplayStore:
+def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, _any_autoreset: bool = False,
+                   **kwargs: Any) -> ReplayStore:
     """Create a store whose obs/action shapes and dtypes and ``num_envs`` come from ``env``.
 
     ``env`` is a ``gymnasium.Env`` or a ``gymnasium.vector.VectorEnv`` (then ``num_envs`` is its
@@ -110,7 +137,7 @@ def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, **kwar
     to it). ``metadata`` gains ``env_id`` when the env has a spec, and the action space (Minari's JSON
     form, used by dataset exports) when it is one those exports describe.
     """
-    layout = env_layout(env)
+    layout = env_layout(env, _any_autoreset)
     for key in ("obs_shape", "action_shape", "num_envs", "vector"):
         if key in kwargs and kwargs[key] != layout[key]:
             raise ValueError(f"{key}={kwargs[key]!r} conflicts with the env ({layout[key]!r}); leave it out"
@@ -129,8 +156,8 @@ def store_from_env(env: Any, path: str | os.PathLike[str], capacity: int, **kwar
     return ReplayStore.create(path, capacity, metadata=metadata, **layout, **kwargs)
 
 
-def _check_matches(env: Any, store: ReplayStore) -> None:
-    layout = env_layout(env)
+def _check_matches(env: Any, store: ReplayStore, any_autoreset: bool = False) -> None:
+    layout = env_layout(env, any_autoreset)
     sch = store.schema
     mine = {"obs_shape": sch.obs_shape, "action_shape": sch.action_shape, "num_envs": sch.num_envs,
             "vector": sch.vector}
@@ -148,7 +175,7 @@ class _Recording:
     store: ReplayStore
 
     def _bind(self, env: Any, store: ReplayStore, extras: ExtrasFn | None, info_name: str) -> None:
-        _check_matches(env, store)
+        _check_matches(env, store, any_autoreset=True)
         if store.schema.extras and extras is None:
             raise ValueError(f"the store declares extras {[e.name for e in store.schema.extras]}: pass"
                              f" extras=lambda {info_name}: {{...}} to compute them")
@@ -192,29 +219,86 @@ class RecordToStore(_Recording, gym.Wrapper[Any, Any, Any, Any]):
 
 
 class RecordVectorToStore(_Recording, VectorWrapper[Any, Any, Any, Any, Any]):
-    """Records every transition of a vector env (NEXT_STEP autoreset) into a store made for it.
+    """Records every transition of a vector env into a store made for it, in any autoreset mode.
 
-    The store must have ``num_envs == envs.num_envs`` (``ReplayStore.from_env(envs, ...)``).
-    ``reset()`` resets every stream; ``step()`` passes the batched outputs to ``store.step``, which
-    treats the step after an env's episode ended as that env's reset (no transition stored).
-    Partial resets (``options={"reset_mask": ...}``) are refused: they belong to DISABLED autoreset.
+    The store must have ``num_envs == envs.num_envs`` (``RecordVectorToStore.create(envs, path, capacity)``
+    makes one). ``reset()`` resets every stream. ``step()`` records by the env's autoreset mode:
+
+    - NEXT_STEP: the batched outputs go to ``store.step``, which treats the step after an env's episode
+      ended as that env's reset (no transition stored).
+    - SAME_STEP: an env whose episode ended in this step has its final observation in
+      ``infos["final_obs"]``: the transition is stored with it, and the observation returned (the next
+      episode's first) starts that env's new episode.
+    - DISABLED: ``reset(options={"reset_mask": mask})`` starts new episodes for the masked envs; a
+      ``step()`` while an env's episode has ended and it was not reset raises (nothing is stepped).
+
+    Partial resets are refused in the other modes (they reset finished envs by themselves).
     ``extras(infos)`` returns batched extras, as for ``RecordToStore``.
     """
 
     def __init__(self, envs: VectorEnv[Any, Any, Any], store: ReplayStore, extras: ExtrasFn | None = None) -> None:
         super().__init__(envs)
-        check_autoreset(envs)
         self._bind(envs, store, extras, "infos")
+        self.mode = autoreset_mode(envs)
+        self._ended = np.zeros(int(envs.num_envs), bool)
+
+    @classmethod
+    def create(cls, envs: VectorEnv[Any, Any, Any], path: str | os.PathLike[str], capacity: int,
+               extras_fn: ExtrasFn | None = None, **kwargs: Any) -> RecordVectorToStore:
+        """A store made for ``envs`` (``store_from_env``'s arguments, any autoreset mode) and its recorder.
+
+        The store is the recorder's ``store`` attribute; close it when done.
+        """
+        store = store_from_env(envs, path, capacity, _any_autoreset=True, **kwargs)
+        try:
+            return cls(envs, store, extras_fn)
+        except BaseException:
+            store.close()
+            raise
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
         if options and "reset_mask" in options:
-            raise ValueError("RecordVectorToStore: partial resets (reset_mask) are not recorded; NEXT_STEP"
-                             " autoreset resets finished envs by itself")
-        return self._record_reset(seed, options)
+            if self.mode != "DISABLED":
+                raise ValueError(f"RecordVectorToStore: partial resets (reset_mask) belong to DISABLED autoreset;"
+                                 f" this vector env autoresets as {self.mode} and resets finished envs by itself")
+            mask = np.asarray(options["reset_mask"], bool).copy()
+            obs, info = self.env.reset(seed=seed, options=options)
+            arr = np.asarray(obs, self._dtype)
+            for i in np.flatnonzero(mask):
+                self.store.reset(arr[i], env=int(i))
+            self._ended &= ~mask
+            return obs, info
+        obs, info = self._record_reset(seed, options)
+        self._ended[:] = False
+        return obs, info
 
     def step(self, actions: Any) -> tuple[Any, Any, Any, Any, dict[str, Any]]:
-        return self._record_step(actions)
+        if self.mode == "NEXT_STEP":
+            return self._record_step(actions)
+        if self.mode == "DISABLED" and self._ended.any():
+            raise ValueError(f"RecordVectorToStore: envs {np.flatnonzero(self._ended).tolist()} ended and were not"
+                             " reset; with DISABLED autoreset call reset(options={'reset_mask': mask}) first")
+        obs, reward, terminated, truncated, infos = self.env.step(actions)
+        ended = np.asarray(terminated, bool) | np.asarray(truncated, bool)
+        arr = np.asarray(obs, self._dtype)
+        nxt = arr
+        if self.mode == "SAME_STEP" and ended.any():
+            final = infos.get("final_obs")
+            if final is None:
+                raise ValueError("RecordVectorToStore: a SAME_STEP episode ended without infos['final_obs']; the"
+                                 " transition cannot be recorded (use gymnasium's vector envs, which provide it)")
+            nxt = arr.copy()
+            for i in np.flatnonzero(ended):
+                nxt[i] = np.asarray(final[i], self._dtype)
+        xs = self._extras(infos) if self._extras is not None else {}
+        self.store.step(actions, reward, nxt, terminated, truncated, **xs)
+        if self.mode == "SAME_STEP":
+            for i in np.flatnonzero(ended):
+                self.store.reset(arr[i], env=int(i))
+        else:
+            self._ended |= ended
+        return obs, reward, terminated, truncated, infos
 
 
 # -- Atari -----------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ def data_dir() -> str:
 
 
 # The pyproject extra that installs each optional module the tests import.
-EXTRAS = {"gymnasium": "gym", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari",
+EXTRAS = {"gymnasium": "gym", "stable_baselines3": "sb3", "ale_py": "atari", "torch": "torch", "PIL": "image", "minari": "minari",
           "pyarrow": "tables", "pandas": "tables", "ray": "ray", "s3fs": "s3", "fsspec": "s3", "moto": "ci"}
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers import Pair, assert_same, require
@@ -138,23 +140,82 @@ def test_vector_recorder_equals_the_model(gym, mg, tmp_path):
     store.close()
 
 
-def test_other_autoreset_modes_are_refused(gym, mg, tmp_path):
+def test_other_autoreset_modes_are_refused_by_hand_loops(gym, mg, tmp_path):
     from gymnasium.vector import AutoresetMode
 
     for mode in (AutoresetMode.SAME_STEP, AutoresetMode.DISABLED):
         envs = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
                             vector_kwargs={"autoreset_mode": mode})
-        with pytest.raises(ValueError, match=f"{mode.name}.*NEXT_STEP"):
+        with pytest.raises(ValueError, match=f"{mode.name}.*NEXT_STEP.*RecordVectorToStore.create") as err:
             mg.store_from_env(envs, tmp_path / mode.name, capacity=10)
+        assert f"records {mode.name} exactly" in str(err.value)
     ok = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync")
     with mg.store_from_env(ok, tmp_path / "ok", capacity=10) as store:
-        same = gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync",
-                            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP})
-        with pytest.raises(ValueError, match="SAME_STEP"):
-            mg.RecordVectorToStore(same, store)
         rec = mg.RecordVectorToStore(ok, store)
-        with pytest.raises(ValueError, match="reset_mask"):
+        with pytest.raises(ValueError, match="reset_mask.*DISABLED.*NEXT_STEP"):
             rec.reset(options={"reset_mask": np.array([True, False])})
+
+
+def _single_transitions(gym, n_envs, seed, actions):
+    """What each env of a vector env seeded ``seed`` does, run as single envs: transitions and episode ends."""
+    rows, ends = [], 0
+    for i in range(n_envs):
+        env = gym.make("CartPole-v1")
+        obs, _ = env.reset(seed=seed + i)
+        for a in actions[:, i]:
+            nxt, r, term, trunc, _ = env.step(int(a))
+            rows.append((obs.tobytes(), int(a), np.float32(r), nxt.tobytes(), bool(term), bool(trunc and not term)))
+            obs = nxt
+            if term or trunc:
+                ends += 1
+                obs, _ = env.reset()
+    return sorted(rows), ends
+
+
+def _stored_transitions(store):
+    b = store.gather(store.sampleable_ids())
+    return sorted((b.obs[j, -1].tobytes(), int(b.action[j]), b.reward[j], b.next_obs[j, -1].tobytes(),
+                   bool(b.terminated[j]), bool(b.truncated[j])) for j in range(len(b)))
+
+
+@pytest.mark.parametrize("mode", ["SAME_STEP", "DISABLED"])
+def test_same_step_and_disabled_autoreset_are_recorded_exactly(gym, mg, tmp_path, mode):
+    from gymnasium.vector import AutoresetMode
+
+    n, steps, seed = 3, 300, 7
+    actions = np.random.default_rng(0).integers(2, size=(steps, n))
+    envs = gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync",
+                        vector_kwargs={"autoreset_mode": AutoresetMode[mode]})
+    rec = mg.RecordVectorToStore.create(envs, tmp_path / "s", capacity=5000)
+    with rec.store as store:
+        rec.reset(seed=seed)
+        for a in actions:
+            _, _, term, trunc, _ = rec.step(a)
+            if mode == "DISABLED" and (term | trunc).any():
+                with pytest.raises(ValueError, match="reset_mask"):  # a finished env must be reset first
+                    rec.step(a)
+                rec.reset(options={"reset_mask": np.asarray(term | trunc)})
+        want, ends = _single_transitions(gym, n, seed, actions)
+        assert ends >= 10
+        assert _stored_transitions(store) == want  # every transition, the final observations included
+        assert int(store.episodes().ended.sum()) == ends  # one episode per real end, no more
+
+
+def test_old_gymnasium_is_named_by_version(tmp_path):
+    import subprocess
+    import sys
+
+    fake = tmp_path / "gymnasium"
+    (fake / "vector").mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '0.29.1'\n")
+    (fake / "spaces.py").write_text("")
+    (fake / "vector" / "__init__.py").write_text("class VectorEnv: pass\nclass VectorWrapper: pass\n")
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    out = subprocess.run([sys.executable, "-c", "import mmreplay.gym"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=path))
+    assert out.returncode != 0
+    last = out.stderr.strip().splitlines()[-1]
+    assert "gymnasium 0.29.1" in last and "gymnasium>=1.1" in last and "mmreplay[gym]" not in last
 
 
 def test_recorder_checks_the_store(gym, mg, tmp_path):

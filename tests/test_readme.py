@@ -18,7 +18,8 @@ from mmreplay.cli import build_parser
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 # A block that imports one of these needs the module (the skip names the extra that installs it).
-NEEDS = {"gymnasium": "gymnasium", "mmreplay.gym": "ale_py", "mmreplay.torch": "torch"}
+NEEDS = {"gymnasium": "gymnasium", "mmreplay.gym": "ale_py", "mmreplay.torch": "torch",
+         "mmreplay.sb3": "stable_baselines3", "torch": "torch"}
 # A block that imports one of these runs only where the module is installed (as in CI); the other
 # blocks run without it.
 ONLY_WITH = {"mmreplay.ray": "ray"}
