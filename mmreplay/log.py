@@ -34,6 +34,7 @@ from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
 from .prefixcrc import PrefixCrc, stream_extents
 from .storage import npyfile
+from .storage.files import copy_exclusive
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
 from .storage.validate import check_files
@@ -547,8 +548,7 @@ class ChunkLog:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             if st.st_nlink > 1 or not st.st_mode & stat.S_IWUSR:
                 tmp = path + ".tmp"
-                shutil.copyfile(path, tmp)
-                os.chmod(tmp, 0o644)
+                copy_exclusive(path, tmp)  # never through a link planted at the temp name
                 os.replace(tmp, path)
         fsync_dir(os.path.join(self.root, "chunks"))
 

@@ -298,6 +298,7 @@ def open_dataset(src: Any, storage_options: dict[str, Any] | None = None) -> Any
     where = str(loc)
     if not loc.exists():
         raise DatasetNotFoundError(f"zarr dataset: {where} does not exist")
+    _check_metadata_files(loc)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -316,6 +317,29 @@ def open_dataset(src: Any, storage_options: dict[str, Any] | None = None) -> Any
         if name not in g:
             raise DatasetError(f"{where}: missing array {name!r}")
     return g
+
+
+MAX_METADATA_BYTES = 64 << 20  # a zarr.json (the root's holds the consolidated metadata: a few KB)
+
+
+def _check_metadata_files(loc: Location) -> None:
+    """Every ``zarr.json`` zarr will read is a regular file (object) of sane size, checked before zarr reads
+    it: one that is a FIFO or a device, or a huge sparse file, is refused instead of blocking or filling
+    memory."""
+    if loc.remote:
+        names = [loc.join("zarr.json")]
+    else:
+        names = [Location(os.path.join(d, "zarr.json")) for d, _, files in os.walk(loc.path) if "zarr.json" in files]
+        names = names or [loc.join("zarr.json")]
+    for meta in names:
+        if not loc.remote:
+            try:
+                os.close(meta._open_regular())
+            except FileNotFoundError:
+                raise DatasetError(f"{loc}: not a zarr v3 group (no zarr.json)") from None
+        if meta.size() > MAX_METADATA_BYTES:
+            raise DatasetError(f"{meta}: {meta.size():,} bytes, more than the {MAX_METADATA_BYTES:,} a zarr.json of"
+                               " an mmreplay dataset can need; the dataset is damaged or not one: not reading it")
 
 
 EPISODE_BLOCK = 1 << 16  # episodes read at a time: the episode tables are never held whole

@@ -34,6 +34,7 @@ import google_crc32c
 import numpy as np
 
 from ..errors import CorruptStoreError
+from .files import create_exclusive
 from .manifest import fsync_dir
 
 MAGIC = b"MMRFRAME"
@@ -209,7 +210,7 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     else:
         crc = google_crc32c.value(body.tobytes())
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
+    fd = create_exclusive(tmp, 0o444)
     try:
         _write_all(fd, memoryview(body.data).cast("B"))
         _write_all(fd, memoryview(crc.to_bytes(4, "little")))

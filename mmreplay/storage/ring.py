@@ -32,7 +32,7 @@ from ..errors import CorruptStoreError
 from ..native.codes import KIND_LZ4, KIND_NONE, KIND_RAW
 from ..options import Schema
 from . import framefile, npyfile
-from .files import fsync_file
+from .files import fsync_file, open_regular
 from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
@@ -207,7 +207,7 @@ class ChunkRing:
                 continue
             path = self.file_path(name, col)
             try:
-                fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+                fd = open_regular(path, os.O_RDWR if writable else os.O_RDONLY, "chunk file")
             except FileNotFoundError:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             try:
@@ -231,7 +231,7 @@ class ChunkRing:
         pos = seq % self.positions
         path = self.compressed_path(name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path, os.O_RDONLY, "compressed frame file")
         except FileNotFoundError:
             raise CorruptStoreError(f"{path}: compressed frame file is missing") from None
         try:
