@@ -52,7 +52,7 @@ from ._common import (
 )
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
-from ._zarr_shards import shard_reader
+from ._zarr_shards import check_objects, shard_reader
 from .errors import DatasetError, DatasetNotFoundError
 
 FORMAT = "mmreplay-dataset"
@@ -346,6 +346,13 @@ EPISODE_BLOCK = 1 << 16  # episodes read at a time: the episode tables are never
 MAX_OBJECTS = 10**7  # chunks or shards along an array's first axis (an export of 1M frames has ~250)
 
 
+def _array_names(g: Any) -> list[str]:
+    arrays = ["observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)]
+    if "extras" in g:
+        arrays += [f"extras/{n}" for n, _ in g["extras"].arrays()]
+    return arrays
+
+
 def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
     """Declared shapes, before anything is read: consistent row counts, rows and chunks of sane size.
     Returns (episodes, frames, steps)."""
@@ -360,10 +367,7 @@ def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
     if n_eps > min(n_steps, n_frames):
         raise DatasetError(f"{where}: episodes/* declare {n_eps:,} episodes, more than the {n_steps:,} steps (every"
                            " episode has at least one)")
-    arrays = ["observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)]
-    if "extras" in g:
-        arrays += [f"extras/{n}" for n, _ in g["extras"].arrays()]
-    for name in arrays:
+    for name in _array_names(g):
         a = g[name]
         check_row(where, f"array {name!r}", tuple(a.shape[1:]), a.dtype)
         if nbytes(a.chunks, a.dtype) > MAX_CHUNK_BYTES:
@@ -426,6 +430,8 @@ def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
     g = open_dataset(src, storage_options)
     attrs = dict(g.attrs)
     layout = _check_layout(g, where)
+    for name in _array_names(g):
+        check_objects(g[name], root, where)  # before anything is read: a lost object is not read as zeros
     n_eps = layout[0]
     n_steps = sum(int(ep["length"].sum()) for ep in _episode_blocks(g, where, *layout))  # checks every block
     obs, acts = g["observations"], g["actions"]
