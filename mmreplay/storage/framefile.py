@@ -111,7 +111,27 @@ def check_open(path: str, fd: int, codec: str, dtype: np.dtype, shape: tuple[int
     h = parse_header(path, os.pread(fd, min(size, 4096), 0), codec, dtype, shape, frames)
     if size < h + frames * RECORD.itemsize + TRAILER:
         raise CorruptStoreError(f"{path}: file is {size} bytes, too short for its {frames} frame records")
+    table = os.pread(fd, frames * RECORD.itemsize, h)
+    if len(table) != frames * RECORD.itemsize:
+        raise CorruptStoreError(f"{path}: changed size while being read")
+    frame_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    check_records(path, np.frombuffer(table, RECORD), h, frame_bytes, size - TRAILER)
     return h, size
+
+
+def check_records(path: str, records: np.ndarray, h: int, frame_bytes: int, data_end: int) -> None:
+    """Every record points into the data region (after the record table, before the trailer) with a length
+    in [1, frame size], as FORMAT.md says; ``CorruptStoreError`` naming the first that does not. Checked
+    when a file is mapped, so the readers' kernels (which bound reads by the file only) never decode a
+    record that points into the header or the record table."""
+    start = h + records.size * RECORD.itemsize
+    off, length = records["offset"].astype(np.int64), records["length"].astype(np.int64)
+    bad = (records["offset"] >= 2**62) | (off < start) | (length < 1) | (length > frame_bytes) | (off + length > data_end)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CorruptStoreError(f"{path}: frame {i} is damaged (its record points outside the data: offset"
+                                f" {int(records['offset'][i])}, length {int(length[i])}; the data lies in"
+                                f" [{start}, {data_end}))")
 
 
 # -- writing -------------------------------------------------------------------------------------------
