@@ -412,7 +412,8 @@ class ChunkLog:
                    c.to_json(fill, geo.extents_of(c.seq), self._prefix_crc(c, fill)) for c in self.chunks]
         return {"rows": listed, "next_id": self.next_id, "chunks": entries,
                 "ring_positions": self.ring.positions,
-                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)],
+                "head_epos": self.index.head_epos().tolist()}
 
     def _prefix_crc(self, c: ChunkInfo, fill: list[int]) -> dict[str, list[int]]:
         """The open chunk ``c``'s ``prefix_crc32``: the running checksums extended to ``fill`` rows per stream."""
@@ -458,6 +459,7 @@ class ChunkLog:
             streams = body.get("streams")
             tails = None if streams is None else np.array(
                 [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
+            heads = None if body.get("head_epos") is None else np.array(body["head_epos"], np.int64)
             prefix = _prefix_entry(entries[-1], schema) if entries and not chunks[-1].sealed else None
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
@@ -493,14 +495,15 @@ class ChunkLog:
         if prefix is not None:  # the commit's checksums continue (computed afresh at the next commit if none)
             log._prefix = PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
         try:
-            log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
+            log._load(chunks, rows, first, fill, extents, next_id, tails, writable, heads)
         except BaseException:
             log.close()
             raise
         return log
 
     def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray,
-              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool) -> None:
+              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool,
+              heads: np.ndarray | None = None) -> None:
         log = self
         log.chunks = deque(chunks)
         log.index.next_id = next_id
@@ -533,7 +536,7 @@ class ChunkLog:
                     log._run_base[s] = pos * self.schema.rows_alloc + x * e - (int(rows[s]) - used)
                     log._run_end[s] = int(rows[s]) - used + e
             log._base0, log._end0 = int(log._run_base[0]), int(log._run_end[0])
-        log._rebuild_index(first, fill, tails)
+        log._rebuild_index(first, fill, tails, heads)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
 
@@ -552,7 +555,8 @@ class ChunkLog:
                 os.replace(tmp, path)
         fsync_dir(os.path.join(self.root, "chunks"))
 
-    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None) -> None:
+    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None,
+                       heads: np.ndarray | None = None) -> None:
         """Rebuild the index from the retained chunks' flags column (committed rows only).
 
         ``first``/``fill``: (chunks, streams) first row and rows of every section. Ids come from the id
@@ -588,7 +592,7 @@ class ChunkLog:
             order = np.where(tx, head.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
             ids = [order[:, s] for s in range(n_env)]
         self.initial_valid = idx.rebuild([(r0, sl, f, i) for (r0, sl, f), i in zip(per_stream, ids, strict=True)],
-                                         tails)
+                                         tails, heads)
 
     def _check_ids(self, per_stream: list[tuple[int, np.ndarray, np.ndarray]], ids: list[np.ndarray],
                    head: ChunkInfo) -> None:
