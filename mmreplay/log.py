@@ -17,6 +17,7 @@ always stays restorable).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -491,7 +492,15 @@ class ChunkLog:
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
-        log = cls(root, schema, writable, positions, listener)
+        try:
+            log = cls(root, schema, writable, positions, listener)
+        except (MemoryError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
+                raise
+            raise CorruptStoreError(
+                f"{mpath}: its schema (capacity {schema.capacity:,}, frames {schema.obs_shape} {schema.obs_dtype}) needs more"
+                f" memory or address space than this process may have ({exc}); if the store is yours, raise the"
+                " limit (ulimit -v) or open it on a larger machine, otherwise the manifest was forged") from None
         if prefix is not None:  # the commit's checksums continue (computed afresh at the next commit if none)
             log._prefix = PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
         try:

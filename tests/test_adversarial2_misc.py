@@ -110,3 +110,55 @@ def test_a_killed_import_or_exports_leftover_is_removed_by_the_next_one(tmp_path
     finally:
         live.kill()
         live.wait()
+
+
+def test_a_schema_too_big_for_the_address_space_is_a_corrupt_store_not_enomem(tmp_path):
+    from hostile import fill, run_limited
+
+    path = str(tmp_path / "s")
+    fill(path, prio=None).close()
+
+    def change(doc):  # within every bound of the checks, but TiBs of address space for the ring
+        doc["schema"]["capacity"] = 100_000
+        doc["schema"]["obs_shape"] = [16384]
+    forge(path, change)
+    r = run_limited(f"""
+        import mmreplay as mr
+        try:
+            mr.ReplayStore.open({path!r}, mode="r")
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        print(mr.verify_store({path!r}))
+    """, address_space=2 << 30)
+    assert r.stdout.startswith("CorruptStoreError") and "address space" in r.stdout, (r.stdout, r.stderr[-2000:])
+    assert "raise the limit" in r.stdout and r.stdout.splitlines()[1].startswith("['"), r.stdout  # verify reports
+
+
+def test_can_sample_says_false_exactly_when_sample_would_raise_not_sampleable(tmp_path):
+    w = mr.ReplayStore.create(tmp_path / "s", capacity=500, obs_shape=(1,), chunk_size=32,
+                              rate_limit=mr.RateLimit(4.0, 4, 200.0, timeout=0.0))
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")  # sees the empty first commit
+    w.reset(np.zeros(1, np.uint8))
+    for t in range(20):
+        w.step(0, 1.0, np.full(1, t, np.uint8), False, False)
+    w.can_sample(1)  # publishes the writer's len(store): the limit alone would allow the reader's batch
+    assert not r.can_sample(4)
+    with pytest.raises(mr.NotSampleableError):
+        r.sample(4)
+    assert r.inspect()["rate_limit"]["sampled"] == 0  # the refused draw counted nothing
+    w.commit()
+    r.refresh()
+    assert r.can_sample(4)
+    r.sample(4)
+    r.close()
+    w.close()
+    p = mr.ReplayStore.create(tmp_path / "p", capacity=100, obs_shape=(1,), prioritized=mr.Prioritized(0.6, 0.4, eps=0.0))
+    p.reset(np.zeros(1, np.uint8))
+    for t in range(5):
+        p.step(0, 1.0, np.full(1, t, np.uint8), False, False)
+    ids = p.sampleable_ids()
+    p.update_priorities(ids, np.zeros(ids.size))
+    assert not p.can_sample(1)
+    with pytest.raises(mr.NotSampleableError):
+        p.sample(1)
+    p.close()
