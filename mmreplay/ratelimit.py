@@ -130,6 +130,7 @@ class RateLimiter:
         self._fd = -1
         self._readers_fd = -1
         self._mm: mmap.mmap | None = None
+        self._need = 0
         self._c: memoryview | None = None
         self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
         self._problem = ""  # why counting is impossible here (a read-only directory), if it is
@@ -177,9 +178,12 @@ class RateLimiter:
                                     f" int64[{SLOTS}]; {_RESTORE}") from None
         self._fd, self._mm = fd, mm
         self._c = memoryview(mm)[offset:offset + 8 * SLOTS].cast("q")
-        if os.fstat(fd).st_size < offset + 8 * SLOTS:  # never touch a page past the end (SIGBUS)
+        self._need = offset + 8 * SLOTS  # the file's size the mapping needs
+        try:
+            self._check_file(os.fstat(fd))
+        except CorruptStoreError:
             self.close()
-            raise CorruptStoreError(f"{path}: truncated rate-limit counters; {_RESTORE}")
+            raise
 
     def _join_readers(self) -> None:
         """Hold a shared lock on the readers file while open: the writer sees someone could sample."""
@@ -254,11 +258,7 @@ class RateLimiter:
         """Under the lock: the file is still the store's (not deleted or replaced) and its sampled counts
         pass their check; for the writer also ``inserted`` and ``size`` are its own (repaired if not)."""
         path = os.path.join(self.root, COUNTERS)
-        if os.fstat(self._fd).st_nlink == 0:
-            raise CorruptStoreError(
-                f"{path} was deleted or replaced while this store had it open: counting on would split the"
-                " counts between the old and the new file. Close this store and reopen it (and every other"
-                " process's), so all count in one file")
+        self._check_file(os.fstat(self._fd))
         total, base = c[SAMPLED_TOTAL], c[SAMPLED_BASE]
         bad = ""
         if c[TAG] == CHECK_TAG and c[CHECK] != _check(total, base):
@@ -287,9 +287,27 @@ class RateLimiter:
         c[CHECK] = _check(total, base)
 
     def _counters(self) -> memoryview:
+        """The mapped counts, after checking the file still holds them (see ``_check_file``)."""
         if self._c is None:
             raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+        self._check_file(os.fstat(self._fd))
         return self._c
+
+    def _check_file(self, st: os.stat_result) -> None:
+        """The counters file is still the store's (not deleted or replaced: counting on would split the
+        counts) and still holds the mapped counts (truncated by another process, reading them would be a
+        SIGBUS). Checked before every use of the mapping but the writer's store of ``inserted`` in
+        ``step()`` (see ARCHITECTURE.md: truncation)."""
+        path = os.path.join(self.root, COUNTERS)
+        if st.st_nlink == 0:
+            raise CorruptStoreError(
+                f"{path} was deleted or replaced while this store had it open: counting on would split the"
+                " counts between the old and the new file. Close this store and reopen it (and every other"
+                " process's), so all count in one file")
+        if st.st_size < self._need:
+            raise CorruptStoreError(f"{path}: truncated to {st.st_size} bytes by another process while this store"
+                                    f" had it open ({self._need} needed); nothing was counted. {_RESTORE[0].upper()}"
+                                    f"{_RESTORE[1:]}")
 
     # -- the writer --------------------------------------------------------------------------------------
     def _adopt(self, entry: dict[str, Any] | None) -> None:

@@ -805,6 +805,7 @@ class ReplayStore:
         self._check_open()
         if self._mode != "r":
             raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
+        self._parts.log.ring.check_intact()
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader

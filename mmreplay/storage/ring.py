@@ -124,6 +124,8 @@ class ChunkRing:
             self.cstride = -(-framefile.max_file_bytes(self.codec, schema.obs_dtype, schema.obs_shape,
                                                         schema.chunk_size) // PAGE) * PAGE
         self._crange: VirtualRange | None = None
+        # (seq, column) -> (path, inode, size) of every mapped file, for ``check_intact``
+        self._files: dict[tuple[int, str], tuple[str, int, int]] = {}
         self._allocate(positions)
 
     # -- geometry ---------------------------------------------------------------------------------------
@@ -212,6 +214,7 @@ class ChunkRing:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             try:
                 npyfile.check(path, col.dtype, (self.schema.chunk_size, *col.shape), fd)
+                self._note_file(seq, col.name, path, fd)
                 # Only the file's pages are mapped; the rest of the chunk's stride stays reserved.
                 # Slots never index rows at or past chunk_size, so nothing reads beyond the file.
                 self._ranges[col.name].map_file(pos * self._chunk_bytes(col), fd, npyfile.HEADER_BYTES,
@@ -237,6 +240,7 @@ class ChunkRing:
         try:
             head, size = framefile.check_open(path, fd, self.codec or "", self.schema.obs_dtype, self.schema.obs_shape,
                                               self.schema.chunk_size, nbytes)
+            self._note_file(seq, "obs", path, fd)
             self._crange.map_file(pos * self.cstride, fd, 0, -(-size // PAGE) * PAGE, False)
         finally:
             os.close(fd)
@@ -245,8 +249,30 @@ class ChunkRing:
         self.frame_kind[pos] = KIND_LZ4
         self.compressed[seq] = size
 
+    def _note_file(self, seq: int, column: str, path: str, fd: int) -> None:
+        st = os.fstat(fd)
+        self._files[(seq, column)] = (path, st.st_ino, st.st_size)
+
+    def check_intact(self) -> None:
+        """Refuse (``CorruptStoreError``) when a mapped file was truncated since it was mapped (by another
+        process: reading its mapping past the new end would kill this one with SIGBUS). One ``stat`` per
+        mapped file; a file whose path now names another inode (a writer retired or replaced it) is not
+        this store's to judge: the mapping keeps the old inode whole."""
+        for path, ino, size in list(self._files.values()):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_ino == ino and st.st_size < size:
+                raise CorruptStoreError(
+                    f"{path}: truncated to {st.st_size:,} bytes while this store had it mapped ({size:,} expected);"
+                    " another process changed a file of the store, and reading it now would crash this one"
+                    " (SIGBUS). Close every process using the store and restore it from a copy or a snapshot")
+
     def unmap_chunk(self, seq: int) -> None:
         pos = seq % self.positions
+        for col in self.columns:
+            self._files.pop((seq, col.name), None)
         for col in self.columns:
             cb = self._chunk_bytes(col)
             self._ranges[col.name].release(pos * cb, cb)
@@ -280,7 +306,7 @@ class ChunkRing:
         Nothing may be reading the raw frames meanwhile (the caller waits for background readers first).
         """
         pos = seq % self.positions
-        self._map_compressed(seq, self.mapped[seq], nbytes)
+        self._map_compressed(seq, self.mapped[seq], nbytes)  # (its entry replaces the raw file's)
         cb = self._chunk_bytes(self.columns[0])
         self._ranges["obs"].release(pos * cb, cb)
 
@@ -390,4 +416,5 @@ class ChunkRing:
         self._ranges = {}
         self.mapped = {}
         self.compressed = {}
+        self._files = {}
         self._rw = set()
