@@ -226,7 +226,8 @@ class RateLimiter:
 
     def _take_lock(self, what: str) -> None:
         """The exclusive ``flock``; waits at most ``timeout`` (at least ``LOCK_WAIT_MIN``) for a holder that
-        does not let go (a process stopped while sampling), then ``RateLimitTimeout``."""
+        does not let go (a process stopped while sampling), then ``RateLimitTimeout``. While the sampled
+        count moves, the lock is busy, not held by a stopped process: the wait goes on."""
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return
@@ -235,6 +236,7 @@ class RateLimiter:
         timeout = self.options.timeout
         limit = None if timeout is None else max(timeout, LOCK_WAIT_MIN)
         start, delay = time.monotonic(), POLL_MIN
+        seen = self._counters()[SAMPLED_TOTAL]
         while True:
             time.sleep(delay)
             delay = min(2 * delay, POLL_MAX * 10)
@@ -242,6 +244,9 @@ class RateLimiter:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return
             except BlockingIOError:
+                now = self._counters()[SAMPLED_TOTAL]
+                if now != seen:  # other samplers get the lock: it is contended, not stuck
+                    seen, start = now, time.monotonic()
                 waited = time.monotonic() - start
                 if limit is not None and waited >= limit:
                     path = os.path.join(self.root, COUNTERS)
