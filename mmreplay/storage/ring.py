@@ -126,6 +126,7 @@ class ChunkRing:
         self._crange: VirtualRange | None = None
         # (seq, column) -> (path, inode, size) of every mapped file, for ``check_intact``
         self._files: dict[tuple[int, str], tuple[str, int, int]] = {}
+        self._check_at = 0  # where check_intact(most) goes on among the sealed chunks' files
         self._allocate(positions)
 
     # -- geometry ---------------------------------------------------------------------------------------
@@ -253,12 +254,22 @@ class ChunkRing:
         st = os.fstat(fd)
         self._files[(seq, column)] = (path, st.st_ino, st.st_size)
 
-    def check_intact(self) -> None:
+    def check_intact(self, most: int | None = None) -> None:
         """Refuse (``CorruptStoreError``) when a mapped file was truncated since it was mapped (by another
         process: reading its mapping past the new end would kill this one with SIGBUS). One ``stat`` per
-        mapped file; a file whose path now names another inode (a writer retired or replaced it) is not
-        this store's to judge: the mapping keeps the old inode whole."""
-        for path, ino, size in list(self._files.values()):
+        file checked: the open chunk's every time, then ``most`` others (None: all) in turn, so a commit
+        costs O(1) here and every file is checked within a bounded number of commits. A file whose path
+        now names another inode (a writer retired or replaced it) is not this store's to judge: the
+        mapping keeps the old inode whole."""
+        keys = list(self._files)
+        first = [k for k in keys if k[0] in self._rw]
+        rest = [k for k in keys if k[0] not in self._rw]
+        if most is not None and len(rest) > most:
+            start = self._check_at % len(rest)
+            rest = (rest + rest)[start:start + most]
+            self._check_at = start + most
+        for key in first + rest:
+            path, ino, size = self._files[key]
             try:
                 st = os.stat(path)
             except FileNotFoundError:
