@@ -147,7 +147,7 @@ class Location:
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
-            raise FileNotFoundError(f"{self}: does not exist") from None
+            raise DatasetNotFoundError(f"{self}: does not exist") from None
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             os.close(fd)

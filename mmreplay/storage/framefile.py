@@ -114,24 +114,25 @@ def check_open(path: str, fd: int, codec: str, dtype: np.dtype, shape: tuple[int
     table = os.pread(fd, frames * RECORD.itemsize, h)
     if len(table) != frames * RECORD.itemsize:
         raise CorruptStoreError(f"{path}: changed size while being read")
-    frame_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    check_records(path, np.frombuffer(table, RECORD), h, frame_bytes, size - TRAILER)
+    check_records(path, np.frombuffer(table, RECORD), h)
     return h, size
 
 
-def check_records(path: str, records: np.ndarray, h: int, frame_bytes: int, data_end: int) -> None:
-    """Every record points into the data region (after the record table, before the trailer) with a length
-    in [1, frame size], as FORMAT.md says; ``CorruptStoreError`` naming the first that does not. Checked
-    when a file is mapped, so the readers' kernels (which bound reads by the file only) never decode a
-    record that points into the header or the record table."""
+def check_records(path: str, records: np.ndarray, h: int) -> None:
+    """No record points before the data region (into the header or the record table), which FORMAT.md
+    forbids; ``CorruptStoreError`` naming the first that does. Checked when a file is mapped (and by
+    verify), because the batch kernels bound an entry by the file's record table start and its data end
+    only (their arguments do not carry the frame count); such a file is refused whole. Records pointing
+    past the data, or with a bad length, are refused by the readers frame by frame, so the other frames
+    of a damaged file stay readable."""
     start = h + records.size * RECORD.itemsize
-    off, length = records["offset"].astype(np.int64), records["length"].astype(np.int64)
-    bad = (records["offset"] >= 2**62) | (off < start) | (length < 1) | (length > frame_bytes) | (off + length > data_end)
+    off, length = records["offset"], records["length"].astype(np.int64)
+    bad = off < start
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise CorruptStoreError(f"{path}: frame {i} is damaged (its record points outside the data: offset"
-                                f" {int(records['offset'][i])}, length {int(length[i])}; the data lies in"
-                                f" [{start}, {data_end}))")
+                                f" {int(records['offset'][i])}, length {int(length[i])}, into the header or the"
+                                f" record table; the data starts at {start}); restore the store from a copy")
 
 
 # -- writing -------------------------------------------------------------------------------------------
