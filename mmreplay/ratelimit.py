@@ -140,11 +140,15 @@ class RateLimiter:
         self._size = -1  # writer: the size last published
         self._room = 2 * self._eb + self._spi * self._min  # the most rows ever available at once
         self._map(entry)
-        if writer:
-            self._wc = self._counters()
-            self._adopt(entry)
-        else:
-            self._join_readers()
+        try:
+            if writer:
+                self._wc = self._counters()
+                self._adopt(entry)
+            else:
+                self._join_readers()
+        except BaseException:
+            self.close()  # (a refused open leaves no descriptor or mapping behind)
+            raise
         _LIMITERS.add(self)
 
     # -- files -----------------------------------------------------------------------------------------
