@@ -621,8 +621,8 @@ def _after_fork_in_child() -> None:
     for lim in list(_LIMITERS):
         try:
             lim.after_fork_in_child()
-        except OSError:
-            pass
+        except (OSError, CorruptStoreError):
+            pass  # (the child's first use of the limiter says what is wrong)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
