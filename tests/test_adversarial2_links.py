@@ -184,3 +184,18 @@ def test_a_special_zarr_json_is_refused_quickly(tmp_path):
         assert msg.startswith("DatasetError") and w in msg, msg
         with pytest.raises(DatasetError, match=w):
             describe(str(tmp_path / kind))
+
+
+def test_a_fifo_at_the_readers_file_is_refused_not_waited_on(tmp_path):
+    import signal
+
+    store = tmp_path / "a"
+    _rate_store(store).close()
+    os.unlink(store / "ratelimit.readers")
+    os.mkfifo(store / "ratelimit.readers")
+    signal.alarm(30)  # a regression (opening the FIFO blocks) fails the test instead of hanging the suite
+    try:
+        with pytest.raises(mr.CorruptStoreError, match="ratelimit.readers: is a FIFO"):
+            mr.ReplayStore.open(store, mode="r")
+    finally:
+        signal.alarm(0)
