@@ -26,7 +26,7 @@ import numpy as np
 
 from . import _inputs, snapshot
 from .drawing import Drawer
-from .errors import CorruptStoreError, ReadOnlyStoreError, StoreIOError
+from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError, StoreIOError
 from .index import Index
 from .log import ChunkLog
 from .options import Schema
@@ -123,6 +123,9 @@ class Durability:
         """The manifest body describing the parts' current state (state files written under ``root``;
         ``delta``: a commit in place, whose state may build on the files of earlier commits)."""
         files = StateDir(root, generation)
+        # the counts first: a damaged counters file or a stopped holder of their lock refuses the commit
+        # before any state file is written
+        rate = parts.limiter.state() if parts.limiter is not None and parts.limiter.writer else None
         body = {"generation": generation, "committed_at": time.time(), "schema": self.schema.to_json(),
                 "metadata": metadata, "snapshots": self.snapshots,
                 "priorities": parts.sampler.save_state(files, delta),
@@ -130,8 +133,8 @@ class Durability:
         validity = self.validity_entry(parts.log.index, files, in_place=delta)
         if validity is not None:
             body["validity"] = validity
-        if parts.limiter is not None and parts.limiter.writer:
-            body["rate_limit"] = parts.limiter.state()
+        if rate is not None:
+            body["rate_limit"] = rate
         elif self.rate_counts is not None:  # a reader's snapshot: the counts of the commit it holds
             body["rate_limit"] = self.rate_counts
         body["state_crc32"] = checksums(body, self.state_crcs if delta else {}, files.written)
@@ -155,11 +158,14 @@ class Durability:
 
     def commit(self, parts: Parts, metadata: dict[str, Any]) -> None:
         """Make the parts' state the durable resume point, in place (O(open chunk + changes))."""
+        parts.log.ring.check_intact(most=64)  # a file truncated under the store: refused before it is read
         try:
             parts.log.sync_open_chunk()
             gen = self.generation + 1
             body = self.body(parts, gen, self.path, metadata, delta=True)
             write_manifest(self.path, body)
+        except RateLimitTimeout:
+            raise  # nothing was written: the store stays writable
         except OSError as exc:
             raise self.fail(exc, "committing") from exc
         self.generation, self.committed_at = gen, body["committed_at"]

@@ -119,19 +119,22 @@ class Index:
         return moves
 
     def rebuild(self, streams: list[tuple[int, np.ndarray, np.ndarray, np.ndarray]],
-                tails: np.ndarray | None = None) -> np.ndarray:
+                tails: np.ndarray | None = None, heads: np.ndarray | None = None) -> np.ndarray:
         """Fill the index from the disk flags of every stream's retained rows and decide every row at once.
 
         ``streams[s] = (r0, slots, flags, ids)``: stream s's first retained row, then the slots, disk
         flags and transition ids (-1 on START rows) of its retained rows in row order. ``tails``: per
-        stream (ended, epos, lost) of its last frame, used when that frame is not retained. Returns the
+        stream (ended, epos, lost) of its last frame, used when that frame is not retained. ``heads``: per
+        stream the episode position of its oldest retained row (``head_epos``), so an episode whose start
+        was retired keeps the positions the writing store gave it. Returns the
         sampleable slots. This is ``sync()`` specialised for a whole store: the same rules, computed in
         row space with a few passes over each stream's arrays.
         """
         if tails is not None:
             self._tail[:] = tails
         self._synced = self.written
-        valid = [self._rebuild_stream(s, *parts) for s, parts in enumerate(streams)]
+        valid = [self._rebuild_stream(s, *parts, head=1 if heads is None else max(1, int(heads[s])))
+                 for s, parts in enumerate(streams)]
         live = [(sl[ids >= 0], ids[ids >= 0]) for _, sl, _, ids in streams]
         size = self.id2slot.size
         if len(live) == 1 and live[0][1].size and live[0][1][-1] - live[0][1][0] == live[0][1].size - 1:
@@ -149,7 +152,8 @@ class Index:
         self.n_valid = int(new.size)
         return new
 
-    def _rebuild_stream(self, s: int, r0: int, slots: np.ndarray, flags: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    def _rebuild_stream(self, s: int, r0: int, slots: np.ndarray, flags: np.ndarray, ids: np.ndarray,
+                        head: int = 1) -> np.ndarray:
         n_rows = slots.size
         self.oldest_row[s] = r0
         self.checked[s] = r0
@@ -161,8 +165,9 @@ class Index:
         end = (flags & (TERMINATED | TRUNCATED)) != 0
         end[:-1] |= start[1:]  # a START ends the episode before it (truncation by reset)
         last_start = np.maximum.accumulate(np.where(start, pos, -1))
-        # An episode whose START was retired counts from one row before the oldest: its head is gone.
-        epos = np.where(last_start >= 0, pos - last_start, pos + 1)
+        # An episode whose START was retired continues from the position its oldest retained row had
+        # (``head``; at least one row before the oldest: its head is gone).
+        epos = np.where(last_start >= 0, pos - last_start, pos + head)
         if (flags & HEAD_LOST).any():  # imports only: the flag is propagated to the episode's frames
             lost = ((flags & HEAD_LOST) != 0)[np.maximum(last_start, 0)] & (last_start >= 0)
         else:
@@ -228,6 +233,16 @@ class Index:
         if held.any():
             s = np.flatnonzero(held)
             out[s] = self.geo.slots(s, self.rows[s] - 1)
+        return out
+
+    def head_epos(self) -> np.ndarray:
+        """Per stream, the episode position of its oldest retained row (0 when it retains none): a
+        manifest's ``head_epos``, from which ``rebuild`` restores the positions of an episode whose start
+        was retired."""
+        out = np.zeros(self.rows.shape, np.int64)
+        held = np.flatnonzero(self.rows > self.oldest_row)
+        if held.size:
+            out[held] = self.epos[self.geo.slots(held, self.oldest_row[held])]
         return out
 
     def stream_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

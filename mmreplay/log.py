@@ -17,6 +17,7 @@ always stays restorable).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ from .layout import DISK_FLAGS, START, Geometry
 from .options import Schema
 from .prefixcrc import PrefixCrc, damage_error, first_damage, stream_extents
 from .storage import npyfile
+from .storage.files import copy_exclusive
 from .storage.manifest import fsync_dir
 from .storage.ring import ChunkRing, chunk_files, chunk_name, columns_for
 from .storage.validate import check_files
@@ -411,7 +413,8 @@ class ChunkLog:
                    c.to_json(fill, geo.extents_of(c.seq), self._prefix_crc(c, fill)) for c in self.chunks]
         return {"rows": listed, "next_id": self.next_id, "chunks": entries,
                 "ring_positions": self.ring.positions,
-                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)]}
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)],
+                "head_epos": self.index.head_epos().tolist()}
 
     def _prefix_crc(self, c: ChunkInfo, fill: list[int]) -> dict[str, list[int]]:
         """The open chunk ``c``'s ``prefix_crc32``: the running checksums extended to ``fill`` rows per stream."""
@@ -470,6 +473,7 @@ class ChunkLog:
             streams = body.get("streams")
             tails = None if streams is None else np.array(
                 [[bool(e), int(p), bool(x)] for e, p, x in streams], np.int64).reshape(-1, 3)
+            heads = None if body.get("head_epos") is None else np.array(body["head_epos"], np.int64)
             prefix = _prefix_entry(entries[-1], schema) if entries and not chunks[-1].sealed else None
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptStoreError(f"{mpath}: malformed chunk table ({exc!r})") from None
@@ -501,11 +505,19 @@ class ChunkLog:
         # The writer's own positions (it may use all of them: it grows before opening a chunk that would not
         # fit), so that slots, and with them the order prioritized and uniform draws see, are the same.
         positions = max(initial_positions(schema), len(chunks), int(body.get("ring_positions", 0)))
-        log = cls(root, schema, writable, positions, listener)
+        try:
+            log = cls(root, schema, writable, positions, listener)
+        except (MemoryError, OSError) as exc:
+            if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
+                raise
+            raise CorruptStoreError(
+                f"{mpath}: its schema (capacity {schema.capacity:,}, frames {schema.obs_shape} {schema.obs_dtype}) needs more"
+                f" memory or address space than this process may have ({exc}); if the store is yours, raise the"
+                " limit (ulimit -v) or open it on a larger machine, otherwise the manifest was forged") from None
         if prefix is not None:  # the commit's checksums continue (computed afresh at the next commit if none)
             log._prefix = PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
         try:
-            log._load(chunks, rows, first, fill, extents, next_id, tails, writable)
+            log._load(chunks, rows, first, fill, extents, next_id, tails, writable, heads)
             if prefix is not None:
                 log._check_prefix()
         except BaseException:
@@ -514,7 +526,8 @@ class ChunkLog:
         return log
 
     def _load(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray,
-              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool) -> None:
+              extents: list[Any], next_id: int, tails: np.ndarray | None, writable: bool,
+              heads: np.ndarray | None = None) -> None:
         log = self
         log.chunks = deque(chunks)
         log.index.next_id = next_id
@@ -547,7 +560,7 @@ class ChunkLog:
                     log._run_base[s] = pos * self.schema.rows_alloc + x * e - (int(rows[s]) - used)
                     log._run_end[s] = int(rows[s]) - used + e
             log._base0, log._end0 = int(log._run_base[0]), int(log._run_end[0])
-        log._rebuild_index(first, fill, tails)
+        log._rebuild_index(first, fill, tails, heads)
         if writable and chunks and not chunks[-1].sealed:
             log._open_writable(chunks[-1])
 
@@ -562,12 +575,12 @@ class ChunkLog:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             if st.st_nlink > 1 or not st.st_mode & stat.S_IWUSR:
                 tmp = path + ".tmp"
-                shutil.copyfile(path, tmp)
-                os.chmod(tmp, 0o644)
+                copy_exclusive(path, tmp)  # never through a link planted at the temp name
                 os.replace(tmp, path)
         fsync_dir(os.path.join(self.root, "chunks"))
 
-    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None) -> None:
+    def _rebuild_index(self, first: np.ndarray, fill: np.ndarray, tails: np.ndarray | None,
+                       heads: np.ndarray | None = None) -> None:
         """Rebuild the index from the retained chunks' flags column (committed rows only).
 
         ``first``/``fill``: (chunks, streams) first row and rows of every section. Ids come from the id
@@ -603,7 +616,7 @@ class ChunkLog:
             order = np.where(tx, head.first_id + np.cumsum(tx.ravel()).reshape(tx.shape) - 1, -1)
             ids = [order[:, s] for s in range(n_env)]
         self.initial_valid = idx.rebuild([(r0, sl, f, i) for (r0, sl, f), i in zip(per_stream, ids, strict=True)],
-                                         tails)
+                                         tails, heads)
 
     def _check_ids(self, per_stream: list[tuple[int, np.ndarray, np.ndarray]], ids: list[np.ndarray],
                    head: ChunkInfo) -> None:

@@ -8,6 +8,16 @@ eight little-endian int64 that every process of the store maps:
     2 sampled_base    sampled = sampled_total - sampled_base                            writer, under the lock
     3 size            the writer's len(store), published as it changes                  writer only
     4 writer_pid      the process that has the store open for writing (0: none)         writer only
+    5 check           sampled_total ^ sampled_base ^ CHECK_KEY                          with them, under the lock
+    7 tag             CHECK_TAG: slot 5 is kept (files of older versions hold 0 there)   writer, under the lock
+
+Damage: whoever holds the lock checks slot 5 before using the sampled counts, and the writer compares
+``inserted`` and ``size`` with its own, so a flipped bit is refused (``CorruptStoreError``) or repaired
+by the writer, never counted or committed. A file deleted or replaced while processes have it open would
+split the counts (each would count in its own file): every lock holder checks that the file it has open is
+still the one at the path (``st_nlink`` > 0) and refuses otherwise. A process stopped while it holds the
+lock (SIGSTOP, a debugger) makes the others wait at most ``RateLimit.timeout`` (at least ``LOCK_WAIT_MIN``)
+for it, then ``RateLimitTimeout`` says so; with ``timeout=None`` they wait as long as it takes.
 
 Why the writer's ``step()`` needs no lock: samplers check, draw and count under an exclusive ``flock``
 on the file, so their checks and counts are atomic among themselves; ``inserted`` only grows (except
@@ -46,13 +56,20 @@ import numpy as np
 from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
 from .options import RateLimit, Schema
 from .snapshot import SNAPSHOT_KEY
+from .storage.files import create_exclusive, open_regular
 
 __all__ = ["RateLimiter", "StoreLimit", "store_limiter", "COUNTERS", "READERS", "initial_files"]
 
 COUNTERS = "ratelimit.npy"
 READERS = "ratelimit.readers"
 SLOTS = 8
-INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID = range(5)
+INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID, CHECK, _, TAG = range(8)
+CHECK_KEY = 0x6D6D72706C617931  # "mmrplay1": a check of all zeros is never right
+CHECK_TAG = 0x434B  # "CK"
+LOCK_WAIT_MIN = 1.0  # seconds: a lock is held for one draw; waiting longer means its holder is stopped
+MAX_COUNT = 2**62
+_RESTORE = ("close every process that has the store open, delete the file, and reopen the store: it is"
+            " recreated from the last commit (deleting it while processes run would split their counts)")
 POLL_MIN, POLL_MAX = 1e-4, 1e-3  # seconds between checks while a call waits (doubling)
 T = TypeVar("T")
 
@@ -72,8 +89,9 @@ def _write_counters(path: str, entry: dict[str, Any] | None) -> None:
     inserted, sampled, total, size = _entry_counts(entry)
     values = np.zeros(SLOTS, "<i8")
     values[[INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE]] = inserted, total, total - sampled, size
+    values[CHECK], values[TAG] = _check(total, total - sampled), CHECK_TAG
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
+    with open(create_exclusive(tmp), "wb") as f:  # never through a link planted at the temp name
         np.lib.format.write_array(f, values, allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
@@ -85,10 +103,16 @@ def _write_counters(path: str, entry: dict[str, Any] | None) -> None:
         os.unlink(tmp)
 
 
+def _check(total: int, base: int) -> int:
+    """Slot ``CHECK``'s value for these sampled counts (as a signed int64)."""
+    v = (int(total) ^ int(base) ^ CHECK_KEY) & (2**64 - 1)
+    return v - 2**64 if v >= 2**63 else v
+
+
 def initial_files(root: str) -> None:
     """Write the files of a new rate-limited store (all counts zero)."""
     _write_counters(os.path.join(root, COUNTERS), None)
-    os.close(os.open(os.path.join(root, READERS), os.O_RDONLY | os.O_CREAT, 0o644))
+    os.close(open_regular(os.path.join(root, READERS), os.O_RDONLY | os.O_CREAT, "rate-limit readers file"))
 
 
 class RateLimiter:
@@ -106,6 +130,7 @@ class RateLimiter:
         self._fd = -1
         self._readers_fd = -1
         self._mm: mmap.mmap | None = None
+        self._need = 0
         self._c: memoryview | None = None
         self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
         self._problem = ""  # why counting is impossible here (a read-only directory), if it is
@@ -115,11 +140,15 @@ class RateLimiter:
         self._size = -1  # writer: the size last published
         self._room = 2 * self._eb + self._spi * self._min  # the most rows ever available at once
         self._map(entry)
-        if writer:
-            self._wc = self._counters()
-            self._adopt(entry)
-        else:
-            self._join_readers()
+        try:
+            if writer:
+                self._wc = self._counters()
+                self._adopt(entry)
+            else:
+                self._join_readers()
+        except BaseException:
+            self.close()  # (a refused open leaves no descriptor or mapping behind)
+            raise
         _LIMITERS.add(self)
 
     # -- files -----------------------------------------------------------------------------------------
@@ -127,10 +156,10 @@ class RateLimiter:
         path = os.path.join(self.root, COUNTERS)
         try:
             try:
-                fd = os.open(path, os.O_RDWR)
+                fd = open_regular(path, os.O_RDWR, "rate-limit counters")
             except FileNotFoundError:
                 _write_counters(path, entry)
-                fd = os.open(path, os.O_RDWR)
+                fd = open_regular(path, os.O_RDWR, "rate-limit counters")
         except OSError as exc:
             if self.writer or exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
                 raise
@@ -149,17 +178,23 @@ class RateLimiter:
             mm = mmap.mmap(fd, offset + 8 * SLOTS)
         except (ValueError, OSError) as exc:
             os.close(fd)
-            raise CorruptStoreError(f"{path}: unreadable rate-limit counters ({exc}); delete the file and reopen"
-                                    " the store: it is recreated from the last commit") from None
+            raise CorruptStoreError(f"{path}: unreadable rate-limit counters ({exc}), expected a .npy file of"
+                                    f" int64[{SLOTS}]; {_RESTORE}") from None
         self._fd, self._mm = fd, mm
         self._c = memoryview(mm)[offset:offset + 8 * SLOTS].cast("q")
+        self._need = offset + 8 * SLOTS  # the file's size the mapping needs
+        try:
+            self._check_file(os.fstat(fd))
+        except CorruptStoreError:
+            self.close()
+            raise
 
     def _join_readers(self) -> None:
         """Hold a shared lock on the readers file while open: the writer sees someone could sample."""
         path = os.path.join(self.root, READERS)
         for flags in (os.O_RDONLY | os.O_CREAT, os.O_RDONLY):
             try:
-                fd = os.open(path, flags, 0o644)
+                fd = open_regular(path, flags, "rate-limit readers file")  # a planted link: refused
                 break
             except OSError:
                 continue
@@ -171,8 +206,8 @@ class RateLimiter:
     def _readers_present(self) -> bool:
         """Whether any store object other than the writer has the store open (it could sample)."""
         try:
-            fd = os.open(os.path.join(self.root, READERS), os.O_RDONLY | os.O_CREAT, 0o644)
-        except OSError:
+            fd = open_regular(os.path.join(self.root, READERS), os.O_RDONLY | os.O_CREAT, "rate-limit readers file")
+        except (OSError, CorruptStoreError):
             return True  # cannot tell: assume someone could, and wait
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -182,28 +217,115 @@ class RateLimiter:
             os.close(fd)  # also releases the probe's lock
         return False
 
-    def _lock(self) -> memoryview:
+    def _lock(self, what: str = "counting") -> memoryview:
+        """Take the counters' lock (waiting as ``_take_lock`` says) and check the counts; their view."""
         c = self._counters()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._take_lock(what)
+        try:
+            self._check_counts(c)
+        except BaseException:
+            self._unlock()
+            raise
         return c
+
+    def _take_lock(self, what: str) -> None:
+        """The exclusive ``flock``; waits at most ``timeout`` (at least ``LOCK_WAIT_MIN``) for a holder that
+        does not let go (a process stopped while sampling), then ``RateLimitTimeout``. While the sampled
+        count moves, the lock is busy, not held by a stopped process: the wait goes on."""
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        timeout = self.options.timeout
+        limit = None if timeout is None else max(timeout, LOCK_WAIT_MIN)
+        start, delay = time.monotonic(), POLL_MIN
+        seen = self._counters()[SAMPLED_TOTAL]
+        while True:
+            time.sleep(delay)
+            delay = min(2 * delay, POLL_MAX * 10)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                now = self._counters()[SAMPLED_TOTAL]
+                if now != seen:  # other samplers get the lock: it is contended, not stuck
+                    seen, start = now, time.monotonic()
+                waited = time.monotonic() - start
+                if limit is not None and waited >= limit:
+                    path = os.path.join(self.root, COUNTERS)
+                    raise RateLimitTimeout(
+                        f"{what}: waited {waited:.1f} s for the lock of {path}, which another process holds (one"
+                        " stopped while sampling: SIGSTOP, a debugger, a frozen container; `fuser` names it);"
+                        " nothing was counted or changed. Resume or end that process, or raise"
+                        " RateLimit(timeout=...)") from None
 
     def _unlock(self) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    def _check_counts(self, c: memoryview) -> None:
+        """Under the lock: the file is still the store's (not deleted or replaced) and its sampled counts
+        pass their check; for the writer also ``inserted`` and ``size`` are its own (repaired if not)."""
+        path = os.path.join(self.root, COUNTERS)
+        self._check_file(os.fstat(self._fd))
+        total, base = c[SAMPLED_TOTAL], c[SAMPLED_BASE]
+        bad = ""
+        if c[TAG] == CHECK_TAG and c[CHECK] != _check(total, base):
+            bad = "their check (slot 5) does not match"
+        elif not 0 <= base <= total <= MAX_COUNT:
+            bad = f"expected 0 <= sampled_base <= sampled_total <= {MAX_COUNT:,}"
+        elif not 0 <= c[INSERTED] <= MAX_COUNT or not 0 <= c[SIZE] <= MAX_COUNT:
+            bad = "inserted or size is out of range"
+        if bad and not (self.writer and bad.startswith("inserted")):
+            raise CorruptStoreError(
+                f"{path}: damaged rate-limit counters (sampled_total {total:,}, sampled_base {base:,}, inserted"
+                f" {c[INSERTED]:,}, size {c[SIZE]:,}): {bad}; nothing was counted or committed. {_RESTORE[0].upper()}"
+                f"{_RESTORE[1:]}")
+        if self.writer and self._c is not None and self._wc is c:
+            if c[INSERTED] != self._ins:
+                c[INSERTED] = self._ins  # the writer's own counts: it knows them
+            if self._size >= 0 and c[SIZE] != self._size:
+                c[SIZE] = self._size
+        if c[TAG] != CHECK_TAG:  # a file of an older version: keep the check from now on
+            c[CHECK], c[TAG] = _check(total, base), CHECK_TAG
+
+    @staticmethod
+    def _set_sampled(c: memoryview, total: int, base: int) -> None:
+        """Change the sampled counts (under the lock), with their check."""
+        c[SAMPLED_TOTAL], c[SAMPLED_BASE] = total, base
+        c[CHECK] = _check(total, base)
+
     def _counters(self) -> memoryview:
+        """The mapped counts, after checking the file still holds them (see ``_check_file``)."""
         if self._c is None:
             raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+        self._check_file(os.fstat(self._fd))
         return self._c
+
+    def _check_file(self, st: os.stat_result) -> None:
+        """The counters file is still the store's (not deleted or replaced: counting on would split the
+        counts) and still holds the mapped counts (truncated by another process, reading them would be a
+        SIGBUS). Checked before every use of the mapping but the writer's store of ``inserted`` in
+        ``step()`` (see ARCHITECTURE.md: truncation)."""
+        path = os.path.join(self.root, COUNTERS)
+        if st.st_nlink == 0:
+            raise CorruptStoreError(
+                f"{path} was deleted or replaced while this store had it open: counting on would split the"
+                " counts between the old and the new file. Close this store and reopen it (and every other"
+                " process's), so all count in one file")
+        if st.st_size < self._need:
+            raise CorruptStoreError(f"{path}: truncated to {st.st_size} bytes by another process while this store"
+                                    f" had it open ({self._need} needed); nothing was counted. {_RESTORE[0].upper()}"
+                                    f"{_RESTORE[1:]}")
 
     # -- the writer --------------------------------------------------------------------------------------
     def _adopt(self, entry: dict[str, Any] | None) -> None:
         """Take the counts of the last commit, keeping every row sampled since it (see the module docstring)."""
         inserted, sampled, total, size = _entry_counts(entry)
-        c = self._lock()
+        c = self._lock("opening the store")
         try:
-            if c[SAMPLED_TOTAL] < total:  # a file older than the commit: the commit's counts
-                c[SAMPLED_TOTAL] = total
-            c[SAMPLED_BASE] = total - sampled
+            # a file older than the commit: the commit's counts
+            self._set_sampled(c, max(c[SAMPLED_TOTAL], total), total - sampled)
             c[INSERTED] = inserted
             c[SIZE] = size
             c[WRITER_PID] = os.getpid()
@@ -265,9 +387,9 @@ class RateLimiter:
 
     def reset(self, size: int) -> None:
         """``clear()``: the counts start again from zero, as in a new store."""
-        c = self._lock()
+        c = self._lock("clear()")
         try:
-            c[SAMPLED_BASE] = c[SAMPLED_TOTAL]
+            self._set_sampled(c, c[SAMPLED_TOTAL], c[SAMPLED_TOTAL])
             c[INSERTED] = 0
         finally:
             self._unlock()
@@ -278,7 +400,7 @@ class RateLimiter:
 
     def state(self) -> dict[str, int]:
         """The counts a commit records (manifest ``rate_limit``)."""
-        c = self._lock()
+        c = self._lock("commit()")
         try:
             total, base = c[SAMPLED_TOTAL], c[SAMPLED_BASE]
             return {"inserted": c[INSERTED], "sampled": total - base, "sampled_total": total, "size": c[SIZE]}
@@ -307,11 +429,12 @@ class RateLimiter:
         c = self._c
         if c is None:
             raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # (the first try inline: this is every sample's path)
+        self._take_lock(f"sampling a batch of {rows}")  # (the first try inline: this is every sample's path)
         try:
+            self._check_counts(c)
             if c[SIZE] >= self._min and c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + rows <= self._spi * c[INSERTED] + self._eb:
                 out = draw()
-                c[SAMPLED_TOTAL] += rows
+                self._set_sampled(c, c[SAMPLED_TOTAL] + rows, c[SAMPLED_BASE])
                 self.sampled_here = self.writer
                 return out
         finally:
@@ -328,12 +451,12 @@ class RateLimiter:
         out: list[T] = []
 
         def attempt() -> bool:
-            c = self._lock()
+            c = self._lock(f"sampling a batch of {rows}")
             try:
                 if not self._sample_allowed(c, rows):
                     return False
                 out.append(draw())
-                c[SAMPLED_TOTAL] += rows
+                self._set_sampled(c, c[SAMPLED_TOTAL] + rows, c[SAMPLED_BASE])
                 return True
             finally:
                 self._unlock()
@@ -355,7 +478,7 @@ class RateLimiter:
 
     def counts(self) -> dict[str, int]:
         """``inserted``, ``sampled``, ``size`` and ``writer_pid`` as one consistent reading."""
-        c = self._lock()
+        c = self._lock("counts()")
         try:
             return {"inserted": c[INSERTED], "sampled": c[SAMPLED_TOTAL] - c[SAMPLED_BASE], "size": c[SIZE],
                     "writer_pid": c[WRITER_PID]}
@@ -404,7 +527,7 @@ class RateLimiter:
         """A forked child samples as a reader: its own lock descriptor (a ``flock`` belongs to an open file,
         which the child shares with its parent) and its own place among the readers."""
         if self._fd >= 0:
-            fd = os.open(os.path.join(self.root, COUNTERS), os.O_RDWR)
+            fd = open_regular(os.path.join(self.root, COUNTERS), os.O_RDWR, "rate-limit counters")
             os.close(self._fd)
             self._fd = fd
         self.writer = False
@@ -498,8 +621,8 @@ def _after_fork_in_child() -> None:
     for lim in list(_LIMITERS):
         try:
             lim.after_fork_in_child()
-        except OSError:
-            pass
+        except (OSError, CorruptStoreError):
+            pass  # (the child's first use of the limiter says what is wrong)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

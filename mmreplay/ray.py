@@ -4,7 +4,9 @@
   (``ReplayActor.remote(path, **create_kwargs)``; ``open=True`` resumes the store
   at ``path`` from its last commit). It commits on ``commit.remote()``, on
   ``close.remote()`` and when Ray shuts it down gracefully; a killed actor
-  (``ray.kill``, a lost node) is a crash: its replacement opens the last commit.
+  (``ray.kill``, a lost node) is a crash: its replacement opens the last commit, and so
+  does the actor itself when Ray restarts it (``max_restarts``), whose ``create`` arguments
+  then name the store it created.
   Calls run one at a time, in the order each caller sent them.
 - ``RemoteWriter(actor, env=i, block=256)``: ``reset``/``step`` with the store's
   rules, checked where they are called; steps are shipped to the actor in blocks
@@ -24,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -40,10 +43,23 @@ from .store import ReplayStore
 __all__ = ["ReplayActor", "RemoteWriter", "RemoteBatch", "RemoteBatches", "batches"]
 
 
+def _restarted() -> bool:
+    """Whether this actor is a restart of one that died (Ray re-runs ``__init__`` with the same arguments)."""
+    try:
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - outside an actor, or a Ray without the property: a first start
+        return False
+
+
 class _Replay:
     """The body of ``ReplayActor``: a store and the calls writers and learners make on it."""
 
     def __init__(self, path: str, open: bool = False, seed: int | None = None, **create_kwargs: Any) -> None:
+        if not open and _restarted() and os.path.exists(os.path.join(path, "manifest.json")):
+            # Ray restarted this actor (max_restarts) with its first arguments: the store its first life
+            # created is resumed from the last commit, as ReplayActor.remote(path, open=True) would
+            self.store = ReplayStore.open(path, mode="r+", seed=seed)
+            return
         if open:
             if create_kwargs:
                 raise TypeError(f"ReplayActor(open=True) resumes the store at {path}: it takes no create() arguments,"

@@ -540,7 +540,8 @@ class FrameReader:
             rec = np.frombuffer(ring.comp_bytes[base + int(ring.comp_table[pos]) + 16 * row:][:16].tobytes(),
                                 framefile.RECORD)[0]
             off, length, crc = int(rec["offset"]), int(rec["length"]), int(rec["crc"])
-            if off < ring.comp_table[pos] or length < 1 or length > fb or off + length > ring.comp_end[pos]:
+            data = int(ring.comp_table[pos]) + 16 * ring.schema.chunk_size  # entries start after the records
+            if off < data or length < 1 or length > fb or off + length > ring.comp_end[pos]:
                 raise self._error(2, slot)
             entry = ring.comp_bytes[base + off:base + off + length].tobytes()
             out[i] = np.frombuffer(framefile.decode_entry(ring.frames_file(slot), entry, crc, fb, row), np.uint8)

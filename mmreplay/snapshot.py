@@ -21,6 +21,7 @@ from typing import Any
 from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
 from .options import Schema
 from .statefiles import referenced_files
+from .storage.files import copy_exclusive
 from .storage.manifest import MANIFEST, fsync_dir, read_manifest
 from .storage.ring import chunk_files, chunk_of_file, columns_for
 from .storage.validate import check_dirs, check_files
@@ -45,12 +46,7 @@ def link_or_copy(src: str, dst: str) -> None:
 def copy_file(src: str, dst: str) -> None:
     """Copy to a new inode and make it durable."""
     tmp = dst + ".tmp"
-    shutil.copyfile(src, tmp)
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    copy_exclusive(src, tmp)  # never through a link planted at the temp name
     os.replace(tmp, dst)
 
 

@@ -457,17 +457,18 @@ class ReplayStore:
 
     # -- rate limiting ---------------------------------------------------------------------------------
     def can_sample(self, batch_size: int) -> bool:
-        """Whether the rate limit allows ``sample(batch_size)`` now, without waiting (True without a limit).
-
-        Only the limit's answer: ``len(store)`` (of the writing store) >= ``min_size`` and
+        """Whether ``sample(batch_size)`` returns now, without waiting or raising ``NotSampleableError``:
+        something is sampleable (in a prioritized store, with priority mass), and the rate limit (if any)
+        allows it: ``len(store)`` (of the writing store) >= ``min_size`` and
         ``sampled + batch_size <= samples_per_insert * inserted + error_buffer``.
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        if self._limiter is None:
-            return True
         self._sync()
-        return self._limiter.can_sample(b)
+        tree = getattr(self._parts.sampler, "tree", None)  # a prioritized sampler's sum tree
+        if self._parts.log.index.n_valid == 0 or (tree is not None and not float(tree.total) > 0):
+            return False  # sample() would raise NotSampleableError
+        return self._limiter is None or self._limiter.can_sample(b)
 
     def can_insert(self) -> bool:
         """Whether the rate limit allows the next ``step()`` now, without waiting (True without a limit):
@@ -844,6 +845,7 @@ class ReplayStore:
         self._check_open()
         if self._mode != "r":
             raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
+        self._parts.log.ring.check_intact()
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader

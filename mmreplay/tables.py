@@ -15,8 +15,9 @@ to the newest), in id order:
     priority    float64  its raw priority (prioritized stores; NaN when not sampleable)
     <extra>     each extra with shape () under its name (``extra_<name>`` if that is one of the above)
 
-``step`` counts from the episode's first observation; for an episode whose first observation was
-evicted before the store was opened, it counts from the oldest retained frame.
+``step`` counts from the episode's first observation, also for an episode whose first observation was
+retired (the manifest's ``head_epos`` carries its position across a reopen; a store written before
+that field existed counts such an episode from its oldest retained frame).
 
 pyarrow and pandas are optional (``pip install 'mmreplay[tables]'``); each is imported only here.
 """

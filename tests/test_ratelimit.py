@@ -74,6 +74,9 @@ def test_create_refuses_limits_a_store_can_never_meet(tmp_path):
 
 def test_no_limit_means_no_files_and_always_allowed(tmp_path):
     s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(1,))
+    assert not s.can_sample(1) and s.can_insert()  # nothing sampleable yet: sample() would raise
+    s.reset(np.zeros(1, np.uint8))
+    s.step(0, 1.0, np.zeros(1, np.uint8), True, False)
     assert s.can_sample(10**9) and s.can_insert()
     assert "rate_limit" not in s.inspect()
     assert not any(n.startswith("ratelimit") for n in os.listdir(tmp_path / "s"))

@@ -192,3 +192,37 @@ def test_a_graceful_shutdown_commits(cluster, tmp_path):
             raise AssertionError(f"{how}: the actor never released its store")
         assert s.id_range == (0, 5), how
         s.close()
+
+
+def test_an_actor_ray_restarts_resumes_its_store_from_the_last_commit(cluster, tmp_path):
+    """Ray's automatic restart (max_restarts) re-runs __init__ with the create() arguments: the actor
+    opens the store its first life created instead of dying on create() (issue 25, item 8)."""
+    from mmreplay.ray import RemoteWriter, ReplayActor
+
+    ray = cluster
+    path = str(tmp_path / "s")
+    actor = ReplayActor.options(num_cpus=0, max_restarts=1, max_task_retries=0).remote(
+        path, capacity=1000, obs_shape=(3,), obs_dtype="int32")
+    w = RemoteWriter(actor, block=8)
+    frames = _episode_frames(0, 0, 50)
+    w.reset(frames[0])
+    for t in range(20):
+        w.step(0, 1.0, frames[t + 1], False, False)
+    w.flush()
+    assert ray.get(actor.commit.remote()) == 1
+    ray.kill(actor, no_restart=False)
+    import time
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            stats = ray.get(actor.stats.remote(), timeout=30)
+            break
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+    assert stats["id_range"] == (0, 20)
+    ray.get(actor.close.remote())
+    with mr.ReplayStore.open(path, mode="r") as s:
+        assert s.id_range == (0, 20) and s.verify() == []

@@ -204,3 +204,16 @@ def _installed(module: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+@pytest.mark.parametrize("array", ["observations", "rewards", "actions", "episodes/final_missing"])
+def test_a_zarr_export_missing_one_object_on_s3_is_refused_not_read_as_zeros(s3, store, tmp_path, array):
+    """An interrupted copy (one shard object lost) must not import as zeros (issue 25, item 6)."""
+    options, fs = s3
+    url = f"s3://{BUCKET}/lost-{array.replace('/', '-')}/d.zarr"
+    export(store, url, storage_options=options, progress=False, shard_bytes=4096)
+    lost = sorted(p for p in fs.find(f"{BUCKET}/lost-{array.replace('/', '-')}/d.zarr/{array}/c/"))[-1]
+    fs.rm(lost)
+    with pytest.raises(DatasetError, match=f"array '{array}' lacks 1 of its"):
+        import_dataset(url, tmp_path / "back", storage_options=options, progress=False)
+    assert not (tmp_path / "back").exists()

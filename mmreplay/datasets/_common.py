@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import math
 import os
+import re
 import secrets
 import shutil
+import socket
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +34,8 @@ from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._location import Location
 from .errors import DatasetNotFoundError
+
+log = logging.getLogger(__name__)
 
 PIECE = 2048  # frames or steps handled at a time: bounds the memory of every column
 ProgressArg = bool | Callable[[int, str], Any] | None
@@ -193,9 +199,53 @@ def disk_usage(path: str) -> int:
     return total
 
 
+_TEMP_KINDS = ("partial", "importing", "old")
+
+
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
 def temp_sibling(final: str, what: str) -> str:
+    """A hidden temporary name next to ``final`` that names its maker (host and pid), so a later run can
+    tell a leftover of a killed process from a live one's (``remove_stale_siblings``)."""
     parent, name = os.path.split(final)
-    return os.path.join(parent, f".{name}.{what}-{secrets.token_hex(4)}")
+    return os.path.join(parent, f".{name}.{what}-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_siblings(final: str) -> list[str]:
+    """Delete the temporary siblings of ``final`` (an import's store, an export's output) left by a process
+    of this host that no longer runs (killed with SIGKILL, or the machine lost power): they are never
+    renamed into place, and would stay for ever. A sibling of a live process, or of another host sharing
+    the directory, is left alone. Returns the paths removed."""
+    parent, name = os.path.split(os.path.abspath(final))
+    pattern = re.compile(re.escape(f".{name}.") + f"(?:{'|'.join(_TEMP_KINDS)})-" + _host_tag()
+                         + r"-(\d{1,10})-[0-9a-f]{8}")
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        m = pattern.fullmatch(entry)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        remove_path(os.path.join(parent, entry))
+        removed.append(os.path.join(parent, entry))
+    if removed:
+        log.warning("removed %d leftover(s) of killed imports or exports next to %s: %s", len(removed), final,
+                    ", ".join(os.path.basename(p) for p in removed))
+    return removed
 
 
 def remove_path(path: str) -> None:
@@ -236,6 +286,7 @@ def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: 
         raise FileExistsError(f"{what}: {final} already exists; remove it, choose another path or pass overwrite=True")
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
+    remove_stale_siblings(final)
     tmp = temp_sibling(final, "partial")
     try:
         yield tmp

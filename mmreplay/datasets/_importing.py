@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import MMReplayError
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
-from ._common import PIECE, remove_path, temp_sibling
+from ._common import PIECE, remove_path, remove_stale_siblings, temp_sibling
 from .errors import DatasetError
 
 
@@ -35,6 +35,7 @@ class StoreBuilder:
             raise FileExistsError(f"import: {self.path} already exists and is not an empty directory;"
                                   " give a new path for the store")
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        remove_stale_siblings(self.path)
         self.tmp = temp_sibling(self.path, "importing")
         self.store: ReplayStore | None = None
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import posixpath
+import stat
 from typing import IO, Any
 
 from .errors import DatasetError, DatasetNotFoundError
@@ -127,6 +128,8 @@ class Location:
     def open(self, mode: str = "rb", random_access: bool = False) -> IO[Any]:
         """The file, opened ``mode``. Remote reads stream in blocks (``random_access``: a bounded block cache)."""
         if self.fs is None:
+            if "r" in mode and "+" not in mode:
+                return os.fdopen(self._open_regular(), mode)
             return open(self.path, mode)  # noqa: SIM115 - the caller closes it
         if "r" not in mode:
             return self.fs.open(self.path, mode, block_size=STREAM_BLOCK)
@@ -138,8 +141,35 @@ class Location:
         except FileNotFoundError:
             raise FileNotFoundError(f"{self}: does not exist") from None
 
+    def _open_regular(self) -> int:
+        """A local file opened for reading: refused (``DatasetError``) unless a regular file, so a FIFO or a
+        device (``/dev/zero``) neither blocks nor is read without end."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise DatasetNotFoundError(f"{self}: does not exist") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            what = "a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a regular file"
+            raise DatasetError(f"{self}: is {what}, expected a regular file of the dataset; not reading it")
+        os.set_blocking(fd, True)
+        return fd
+
     def read_bytes(self, most: int) -> bytes:
         """The whole file, refused if larger than ``most`` bytes (checked before it is read)."""
+        if self.fs is None:
+            fd = self._open_regular()
+            with os.fdopen(fd, "rb") as f:
+                n = os.fstat(fd).st_size
+                if n > most:
+                    raise DatasetError(f"{self}: {n:,} bytes, more than the {most:,} such a file can need; not"
+                                       " reading it")
+                data = f.read(most + 1)
+            if len(data) > most:
+                raise DatasetError(f"{self}: grew past {most:,} bytes while being read; not reading it")
+            return data
         n = self.size()
         if n > most:
             raise DatasetError(f"{self}: {n:,} bytes, more than the {most:,} such a file can need; not reading it")

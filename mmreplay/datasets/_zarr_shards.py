@@ -10,6 +10,7 @@ None and the caller reads through zarr.
 
 from __future__ import annotations
 
+import os
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -74,9 +75,9 @@ def _decoder(codecs: list[dict[str, Any]]) -> Callable[[bytes, int], bytes] | No
     return {"gzip": gzip, "zstd": zstd, "blosc": blosc}.get(name)
 
 
-def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray] | None:
-    """``fetch(a, b)`` -> rows ``[a, b)`` of ``array`` (stored under the group at ``root``, a local directory or
-    a remote prefix: one read per shard), or None."""
+def _layout(array: Any) -> tuple[dict[str, Any], list[int], dict[str, Any]] | None:
+    """(metadata, chunk grid, sharding configuration) of an array laid out as ``export_zarr`` writes it,
+    else None."""
     try:
         meta = array.metadata.to_dict()
         grid = meta["chunk_grid"]["configuration"]["chunk_shape"]
@@ -90,7 +91,62 @@ def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray]
               and [c.get("name") for c in cfg["index_codecs"]] == ["bytes", "crc32c"])
     except (KeyError, TypeError, ValueError):
         return None
-    decode = _decoder(cfg["codecs"]) if ok else None
+    return (meta, grid, cfg) if ok else None
+
+
+def _shard_key(directory: Location, s: int, ndim: int) -> Location:
+    return directory.join("c", str(s), *["0"] * (ndim - 1))
+
+
+def check_objects(array: Any, root: Location, where: str) -> None:
+    """Every shard object of an array in ``export_zarr``'s layout exists (FORMAT.md: every chunk is written,
+    also all-zero ones), so a dataset that lost an object (an interrupted copy) is refused with
+    ``DatasetError`` instead of being read as zarr's fill value. One listing of the array's directory (or
+    prefix); arrays in other layouts are left to zarr (nothing tells a lost chunk from an omitted empty one)."""
+    got = _layout(array)
+    rows = int(array.shape[0])
+    if got is None or rows == 0:
+        return
+    shard_rows = int(got[1][0])
+    expected = -(-rows // shard_rows)
+    directory = root.join(*array.path.split("/"))
+    tail = ["0"] * (len(array.shape) - 1)
+    if directory.fs is None:
+        base = os.path.join(directory.path, "c")
+        try:
+            names = os.listdir(base)
+        except (FileNotFoundError, NotADirectoryError):
+            names = []
+        found = [int(n) for n in names if n.isdigit() and os.path.isfile(os.path.join(base, n, *tail))]
+    else:
+        prefix = directory.path.rstrip("/") + "/c/"
+        try:
+            paths = [str(p) for p in directory.fs.find(prefix)]
+        except FileNotFoundError:
+            paths = []
+        found = []
+        for p in paths:
+            head, _, rest = p[len(prefix):].partition("/") if p.startswith(prefix) else ("", "", "")
+            if head.isdigit() and rest == "/".join(tail):
+                found.append(int(head))
+    have = np.zeros(expected, bool)
+    have[[f for f in found if f < expected]] = True
+    missing = np.flatnonzero(~have).tolist()
+    if missing:
+        raise DatasetError(
+            f"{where}: array {array.path!r} lacks {len(missing)} of its {expected} shard object(s) (first:"
+            f" {_shard_key(directory, missing[0], len(array.shape))}); the dataset is incomplete (an interrupted"
+            " copy or upload?): its rows would read as zeros. Copy the dataset again, or export it afresh")
+
+
+def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray] | None:
+    """``fetch(a, b)`` -> rows ``[a, b)`` of ``array`` (stored under the group at ``root``, a local directory or
+    a remote prefix: one read per shard), or None."""
+    got = _layout(array)
+    if got is None:
+        return None
+    meta, grid, cfg = got
+    decode = _decoder(cfg["codecs"])
     if decode is None or not root.isdir():
         return None
     import google_crc32c
@@ -100,25 +156,23 @@ def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray]
     per_shard = shard_rows // chunk_rows
     row_shape, dtype, size = tuple(array.shape[1:]), np.dtype(array.dtype), int(array.shape[0])
     chunk_bytes = chunk_rows * int(np.prod(row_shape, dtype=np.int64)) * dtype.itemsize
-    fill = np.asarray(array.fill_value if array.fill_value is not None else 0, dtype)
     cache: dict[str, Any] = {"shard": -1}
     # a shard holds its chunks, each at most its raw size plus a codec's few bytes of framing, and the index
     most = per_shard * (chunk_bytes + 4096) + per_shard * 16 + 4
 
     def load(s: int) -> tuple[bytes, np.ndarray]:
         if cache["shard"] != s:
-            path = directory.join("c", str(s), *["0"] * len(row_shape))
+            path = _shard_key(directory, s, 1 + len(row_shape))
             try:
                 blob = path.read_bytes(most)
             except (FileNotFoundError, DatasetNotFoundError):
-                blob = b""  # an absent shard: every chunk is the fill value
-            index = np.full((per_shard, 2), _ABSENT, np.uint64)
-            if blob:
-                n = per_shard * 16
-                raw, crc = blob[-n - 4:-4], blob[-4:]
-                if len(raw) != n or np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes() != crc:
-                    raise DatasetError(f"{path}: shard index checksum mismatch; the file is damaged")
-                index = np.frombuffer(raw, "<u8").reshape(per_shard, 2)
+                raise DatasetError(f"{path}: shard object is missing; the dataset is incomplete (an interrupted"
+                                   " copy?): copy it again, or export it afresh") from None
+            n = per_shard * 16
+            raw, crc = blob[-n - 4:-4], blob[-4:]
+            if len(raw) != n or np.uint32(google_crc32c.value(raw)).astype("<u4").tobytes() != crc:
+                raise DatasetError(f"{path}: shard index checksum mismatch; the file is damaged")
+            index = np.frombuffer(raw, "<u8").reshape(per_shard, 2)
             cache.update(shard=s, blob=blob, index=index)
         return cache["blob"], cache["index"]
 
@@ -129,8 +183,8 @@ def shard_reader(array: Any, root: Location) -> Callable[[int, int], np.ndarray]
             off, n = (int(v) for v in index[c % per_shard])
             lo, hi = max(a, c * chunk_rows), min(b, (c + 1) * chunk_rows, size)
             if off == _ABSENT:
-                out[lo - a:hi - a] = fill
-                continue
+                raise DatasetError(f"{directory}: chunk {c} is absent from its shard (every chunk of an mmreplay"
+                                   " dataset is written); the dataset is damaged: copy it again, or export it afresh")
             try:
                 data = decode(blob[off:off + n], chunk_bytes)
             except (ValueError, RuntimeError) as exc:

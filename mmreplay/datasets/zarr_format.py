@@ -52,7 +52,7 @@ from ._common import (
 )
 from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
-from ._zarr_shards import shard_reader
+from ._zarr_shards import check_objects, shard_reader
 from .errors import DatasetError, DatasetNotFoundError
 
 FORMAT = "mmreplay-dataset"
@@ -298,6 +298,7 @@ def open_dataset(src: Any, storage_options: dict[str, Any] | None = None) -> Any
     where = str(loc)
     if not loc.exists():
         raise DatasetNotFoundError(f"zarr dataset: {where} does not exist")
+    _check_metadata_files(loc)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -318,8 +319,38 @@ def open_dataset(src: Any, storage_options: dict[str, Any] | None = None) -> Any
     return g
 
 
+MAX_METADATA_BYTES = 64 << 20  # a zarr.json (the root's holds the consolidated metadata: a few KB)
+
+
+def _check_metadata_files(loc: Location) -> None:
+    """Every ``zarr.json`` zarr will read is a regular file (object) of sane size, checked before zarr reads
+    it: one that is a FIFO or a device, or a huge sparse file, is refused instead of blocking or filling
+    memory."""
+    if loc.remote:
+        names = [loc.join("zarr.json")]
+    else:
+        names = [Location(os.path.join(d, "zarr.json")) for d, _, files in os.walk(loc.path) if "zarr.json" in files]
+        names = names or [loc.join("zarr.json")]
+    for meta in names:
+        if not loc.remote:
+            try:
+                os.close(meta._open_regular())
+            except FileNotFoundError:
+                raise DatasetError(f"{loc}: not a zarr v3 group (no zarr.json)") from None
+        if meta.size() > MAX_METADATA_BYTES:
+            raise DatasetError(f"{meta}: {meta.size():,} bytes, more than the {MAX_METADATA_BYTES:,} a zarr.json of"
+                               " an mmreplay dataset can need; the dataset is damaged or not one: not reading it")
+
+
 EPISODE_BLOCK = 1 << 16  # episodes read at a time: the episode tables are never held whole
 MAX_OBJECTS = 10**7  # chunks or shards along an array's first axis (an export of 1M frames has ~250)
+
+
+def _array_names(g: Any) -> list[str]:
+    arrays = ["observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)]
+    if "extras" in g:
+        arrays += [f"extras/{n}" for n, _ in g["extras"].arrays()]
+    return arrays
 
 
 def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
@@ -336,10 +367,7 @@ def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
     if n_eps > min(n_steps, n_frames):
         raise DatasetError(f"{where}: episodes/* declare {n_eps:,} episodes, more than the {n_steps:,} steps (every"
                            " episode has at least one)")
-    arrays = ["observations", *STEP_ARRAYS, *(f"episodes/{n}" for n in EPISODE_ARRAYS)]
-    if "extras" in g:
-        arrays += [f"extras/{n}" for n, _ in g["extras"].arrays()]
-    for name in arrays:
+    for name in _array_names(g):
         a = g[name]
         check_row(where, f"array {name!r}", tuple(a.shape[1:]), a.dtype)
         if nbytes(a.chunks, a.dtype) > MAX_CHUNK_BYTES:
@@ -402,6 +430,8 @@ def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
     g = open_dataset(src, storage_options)
     attrs = dict(g.attrs)
     layout = _check_layout(g, where)
+    for name in _array_names(g):
+        check_objects(g[name], root, where)  # before anything is read: a lost object is not read as zeros
     n_eps = layout[0]
     n_steps = sum(int(ep["length"].sum()) for ep in _episode_blocks(g, where, *layout))  # checks every block
     obs, acts = g["observations"], g["actions"]

@@ -77,6 +77,8 @@ class PrioritizedSampler:
                              " and with replacement; use iter_batches() for an epoch without repeats")
         use_beta = self.beta if beta is None else check_beta(beta)
         require_sampleable(self.index.n_valid)
+        if not float(self.tree.total) > 0:  # (what can_sample() checks: the same error as draw_where's)
+            raise NotSampleableError("every sampleable transition has priority mass 0: raise eps or the priorities")
         slots, w = self.tree.stratified_sample_normalised(rng, batch_size)  # w: mass / smallest mass
         return self.index.ids_of(slots), np.power(w, -use_beta, out=w).astype(np.float32), slots
 

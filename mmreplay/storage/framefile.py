@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import codecs
 from ..errors import CorruptStoreError
+from .files import create_exclusive
 from .manifest import fsync_dir
 
 MAGIC = b"MMRFRAME"
@@ -109,7 +110,28 @@ def check_open(path: str, fd: int, codec: str, dtype: np.dtype, shape: tuple[int
     h = parse_header(path, os.pread(fd, min(size, 4096), 0), codec, dtype, shape, frames)
     if size < h + frames * RECORD.itemsize + TRAILER:
         raise CorruptStoreError(f"{path}: file is {size} bytes, too short for its {frames} frame records")
+    table = os.pread(fd, frames * RECORD.itemsize, h)
+    if len(table) != frames * RECORD.itemsize:
+        raise CorruptStoreError(f"{path}: changed size while being read")
+    check_records(path, np.frombuffer(table, RECORD), h)
     return h, size
+
+
+def check_records(path: str, records: np.ndarray, h: int) -> None:
+    """No record points before the data region (into the header or the record table), which FORMAT.md
+    forbids; ``CorruptStoreError`` naming the first that does. Checked when a file is mapped (and by
+    verify), because the batch kernels bound an entry by the file's record table start and its data end
+    only (their arguments do not carry the frame count); such a file is refused whole. Records pointing
+    past the data, or with a bad length, are refused by the readers frame by frame, so the other frames
+    of a damaged file stay readable."""
+    start = h + records.size * RECORD.itemsize
+    off, length = records["offset"], records["length"].astype(np.int64)
+    bad = off < start
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CorruptStoreError(f"{path}: frame {i} is damaged (its record points outside the data: offset"
+                                f" {int(records['offset'][i])}, length {int(length[i])}, into the header or the"
+                                f" record table; the data starts at {start}); restore the store from a copy")
 
 
 # -- writing -------------------------------------------------------------------------------------------
@@ -206,7 +228,7 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     else:
         crc = google_crc32c.value(body.tobytes())
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444)
+    fd = create_exclusive(tmp, 0o444)
     try:
         _write_all(fd, memoryview(body.data).cast("B"))
         _write_all(fd, memoryview(crc.to_bytes(4, "little")))

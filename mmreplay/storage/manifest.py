@@ -15,7 +15,7 @@ import zlib
 from typing import Any
 
 from ..errors import CorruptStoreError, FormatVersionError, NotAStoreError, StoreNotFoundError
-from .files import fsync_dir, write_atomic
+from .files import fsync_dir, read_regular, write_atomic
 from .validate import check_body
 
 __all__ = ["read_manifest", "write_manifest", "fsync_dir", "write_atomic", "MANIFEST"]
@@ -27,6 +27,7 @@ FORMAT_NAME = "mmreplay-store"
 # versions keep reading it.
 FORMAT_VERSION = 3  # the newest version this code reads (and writes, when a store needs it)
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 1 << 29  # far above a 100M-transition store's chunk list; a larger file is not read
 
 
 def version_needed(body: dict[str, Any]) -> int:
@@ -72,8 +73,7 @@ def read_manifest(directory: str, name: str = MANIFEST, what: str = "store") -> 
         raise StoreNotFoundError(f"{directory}: no such {what} directory")
     path = os.path.join(directory, name)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_regular(path, MAX_MANIFEST_BYTES, "manifest")
     except FileNotFoundError:
         raise NotAStoreError(
             f"{directory}: not an mmreplay {what} (no {name}); create one with ReplayStore.create()") from None

@@ -42,7 +42,7 @@ def create(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> None:
         os.unlink(path)  # a hard-linked snapshot copy must never be written through
     except FileNotFoundError:
         pass
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         os.pwrite(fd, header_bytes(dtype, shape), 0)
         if nbytes:

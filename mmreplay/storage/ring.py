@@ -32,7 +32,7 @@ from ..errors import CorruptStoreError
 from ..native.codes import KIND_LZ4, KIND_NONE, KIND_RAW
 from ..options import Schema
 from . import framefile, npyfile
-from .files import fsync_file
+from .files import fsync_file, open_regular
 from .vmem import PAGE, VirtualRange
 
 FLAGS_DTYPE = np.dtype("uint8")
@@ -124,6 +124,9 @@ class ChunkRing:
             self.cstride = -(-framefile.max_file_bytes(self.codec, schema.obs_dtype, schema.obs_shape,
                                                         schema.chunk_size) // PAGE) * PAGE
         self._crange: VirtualRange | None = None
+        # (seq, column) -> (path, inode, size) of every mapped file, for ``check_intact``
+        self._files: dict[tuple[int, str], tuple[str, int, int]] = {}
+        self._check_at = 0  # where check_intact(most) goes on among the sealed chunks' files
         self._allocate(positions)
 
     # -- geometry ---------------------------------------------------------------------------------------
@@ -207,11 +210,12 @@ class ChunkRing:
                 continue
             path = self.file_path(name, col)
             try:
-                fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+                fd = open_regular(path, os.O_RDWR if writable else os.O_RDONLY, "chunk file")
             except FileNotFoundError:
                 raise CorruptStoreError(f"{path}: chunk file is missing") from None
             try:
                 npyfile.check(path, col.dtype, (self.schema.chunk_size, *col.shape), fd)
+                self._note_file(seq, col.name, path, fd)
                 # Only the file's pages are mapped; the rest of the chunk's stride stays reserved.
                 # Slots never index rows at or past chunk_size, so nothing reads beyond the file.
                 self._ranges[col.name].map_file(pos * self._chunk_bytes(col), fd, npyfile.HEADER_BYTES,
@@ -231,12 +235,13 @@ class ChunkRing:
         pos = seq % self.positions
         path = self.compressed_path(name)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path, os.O_RDONLY, "compressed frame file")
         except FileNotFoundError:
             raise CorruptStoreError(f"{path}: compressed frame file is missing") from None
         try:
             head, size = framefile.check_open(path, fd, self.codec or "", self.schema.obs_dtype, self.schema.obs_shape,
                                               self.schema.chunk_size, nbytes)
+            self._note_file(seq, "obs", path, fd)
             self._crange.map_file(pos * self.cstride, fd, 0, -(-size // PAGE) * PAGE, False)
         finally:
             os.close(fd)
@@ -245,8 +250,40 @@ class ChunkRing:
         self.frame_kind[pos] = KIND_LZ4
         self.compressed[seq] = size
 
+    def _note_file(self, seq: int, column: str, path: str, fd: int) -> None:
+        st = os.fstat(fd)
+        self._files[(seq, column)] = (path, st.st_ino, st.st_size)
+
+    def check_intact(self, most: int | None = None) -> None:
+        """Refuse (``CorruptStoreError``) when a mapped file was truncated since it was mapped (by another
+        process: reading its mapping past the new end would kill this one with SIGBUS). One ``stat`` per
+        file checked: the open chunk's every time, then ``most`` others (None: all) in turn, so a commit
+        costs O(1) here and every file is checked within a bounded number of commits. A file whose path
+        now names another inode (a writer retired or replaced it) is not this store's to judge: the
+        mapping keeps the old inode whole."""
+        keys = list(self._files)
+        first = [k for k in keys if k[0] in self._rw]
+        rest = [k for k in keys if k[0] not in self._rw]
+        if most is not None and len(rest) > most:
+            start = self._check_at % len(rest)
+            rest = (rest + rest)[start:start + most]
+            self._check_at = start + most
+        for key in first + rest:
+            path, ino, size = self._files[key]
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                continue
+            if st.st_ino == ino and st.st_size < size:
+                raise CorruptStoreError(
+                    f"{path}: truncated to {st.st_size:,} bytes while this store had it mapped ({size:,} expected);"
+                    " another process changed a file of the store, and reading it now would crash this one"
+                    " (SIGBUS). Close every process using the store and restore it from a copy or a snapshot")
+
     def unmap_chunk(self, seq: int) -> None:
         pos = seq % self.positions
+        for col in self.columns:
+            self._files.pop((seq, col.name), None)
         for col in self.columns:
             cb = self._chunk_bytes(col)
             self._ranges[col.name].release(pos * cb, cb)
@@ -280,7 +317,7 @@ class ChunkRing:
         Nothing may be reading the raw frames meanwhile (the caller waits for background readers first).
         """
         pos = seq % self.positions
-        self._map_compressed(seq, self.mapped[seq], nbytes)
+        self._map_compressed(seq, self.mapped[seq], nbytes)  # (its entry replaces the raw file's)
         cb = self._chunk_bytes(self.columns[0])
         self._ranges["obs"].release(pos * cb, cb)
 
@@ -390,4 +427,5 @@ class ChunkRing:
         self._ranges = {}
         self.mapped = {}
         self.compressed = {}
+        self._files = {}
         self._rw = set()

@@ -153,6 +153,12 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
             if len(st) != 3 or not isinstance(st[0], bool) or not isinstance(st[2], bool):
                 f.fail(f"streams[{i}]", st, "[ended (bool), episode position (int), head lost (bool)]")
             f.int_(f"streams[{i}][1]", st[1], 0, MAX_ID)
+    if doc.get("head_epos") is not None:
+        heads = f.list_("head_epos", doc["head_epos"], schema.num_envs)
+        if len(heads) != schema.num_envs:
+            f.fail("head_epos", heads, f"{schema.num_envs} entries (one per env stream)")
+        for i, h in enumerate(heads):
+            f.int_(f"head_epos[{i}]", h, 0, 2**31 - 1)  # an episode position (int32 in the index)
     positions = planned_positions(schema)
     if doc.get("ring_positions") is not None:
         positions = max(positions, f.int_("ring_positions", doc["ring_positions"], 1))
