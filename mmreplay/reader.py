@@ -600,3 +600,10 @@ class FrameReader:
             self._executor.shutdown()
             self._executor = None
 
+    def forked(self) -> None:
+        """In a forked child: drop what belongs to the parent's threads, never joining it (its pool, whose
+        idle thread the child does not have, would queue reads for ever; its helper thread; a buffer pool
+        whose lock a parent's thread may have held at the fork). Reads go on through the inherited mappings."""
+        self._executor = None
+        self._helper = None
+        self._pool = FramePool()
