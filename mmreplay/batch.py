@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .native import jit_enabled
 from .native.plan import nstep_returns
 from .plan import Plan
 from .reader import FrameReader, PostedStacks
 
 __all__ = ["Batch"]
+
+_NATIVE = jit_enabled()  # False under NUMBA_DISABLE_JIT=1: the numpy reference passes instead
 
 
 @dataclass
@@ -63,9 +66,12 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         if plan.next_missing.any():
             next_obs[plan.next_missing] = 0
     # n-step return: float64 terms summed strictly in increasing i, then float32 (native pass; its numpy
-    # reference is ``nstep_returns_numpy``)
-    reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
-                                     plan.window, plan.terminated)
+    # reference is ``nstep_returns_numpy``, which runs instead where numba does not compile)
+    if _NATIVE:
+        reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
+                                         plan.window, plan.terminated)
+    else:
+        reward, discount = nstep_returns_numpy(arrays["reward"], plan, discounts)
     return Batch(
         obs=obs,
         action=arrays["action"][plan.slots],

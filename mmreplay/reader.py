@@ -109,17 +109,24 @@ def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
         advisor.close()
 
 
-_KERNELS: list[tuple[ModuleType, ModuleType] | None] = []
+_KERNELS: list[tuple[ModuleType, ModuleType | None] | None] = []
 
 
-def native_kernels() -> tuple[ModuleType, ModuleType] | None:
-    """``(mmreplay.native.lz4, mmreplay.native.parallel)``, or None where numba cannot be imported (then
-    frames are copied by numpy and decoded by the numcodecs reference path, ~10x slower)."""
+def native_kernels() -> tuple[ModuleType, ModuleType | None] | None:
+    """``(mmreplay.native.lz4, mmreplay.native.parallel)``, or None where numba cannot be imported or does not
+    compile (``NUMBA_DISABLE_JIT=1``; then frames are copied by numpy and decoded by the numcodecs reference
+    path, ~10x slower). The second is None where the threading layer asked for cannot load (no parallel
+    launch: the reader splits batches through its thread pool)."""
     if not _KERNELS:
-        found: tuple[ModuleType, ModuleType] | None
+        found: tuple[ModuleType, ModuleType | None] | None
         try:
-            from .native import lz4, parallel
-            found = lz4, parallel
+            from .native import jit_enabled, parallel_layer_loadable
+
+            if jit_enabled():
+                from .native import lz4, parallel
+                found = lz4, parallel if parallel_layer_loadable() else None
+            else:
+                found = None
         except ImportError:  # pragma: no cover - numba is a dependency
             found = None
         _KERNELS.append(found)

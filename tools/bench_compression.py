@@ -242,7 +242,8 @@ def reader(path: str, seconds: float, batches: int) -> None:
         lz4, parallel = kernels
         args = (ro, ro, ro.view(np.int64), np.zeros(1, np.int8), np.zeros(1, np.int64), np.zeros(1, np.int64), 1, 0, 1)
         lz4.gather_pairs(empty, empty, 0, 0, np.zeros(8, np.uint8), *args)
-        parallel.gather_pairs(empty, empty, np.zeros(3, np.int64), np.zeros(8, np.uint8), *args)
+        if parallel is not None:  # (None: the threading layer asked for cannot load)
+            parallel.gather_pairs(empty, empty, np.zeros(3, np.int64), np.zeros(8, np.uint8), *args)
     t0 = time.perf_counter()
     s = mr.ReplayStore.open(path, mode="r", seed=5)
     opened = time.perf_counter() - t0
