@@ -150,13 +150,13 @@ class Drawer:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
         return self._pool
 
-    def forked(self) -> None:
+    def forked(self, guard: AbstractContextManager[Any] | None = None) -> None:
         """In a forked child: the prefetch thread is the parent's. Its pool is dropped, never joined (a pool
         whose thread was idle at the fork would queue work for a thread the child does not have), and live
-        iterators go on with a new one (``BatchIterator.forked``)."""
+        iterators go on with a new one and ``guard``, the store's new lock (``BatchIterator.forked``)."""
         self._pool = None
         for it in list(self._iterators):
-            it.forked(self._executor())
+            it.forked(self._executor(), guard)
 
     def close(self) -> None:
         self.end_iterators()

@@ -315,11 +315,13 @@ class BatchIterator(Iterator[T], Generic[T]):
                 self._copied.wait()
             self._waiting -= 1
 
-    def forked(self, executor: ThreadPoolExecutor) -> None:
+    def forked(self, executor: ThreadPoolExecutor, guard: AbstractContextManager[Any] | None) -> None:
         """In a forked child: the parent's threads are gone. Locks a parent's thread held at the fork would stay
-        held, copies it was making would never finish: fresh locks, and jobs being copied (by the prefetch
-        thread, or posted to the reader's helper) are unstarted again; ``executor`` replaces the parent's pool."""
+        held, copies it was making would never finish: fresh locks (``guard``: the store's new one), and jobs
+        being copied (by the prefetch thread, or posted to the reader's helper) are unstarted again;
+        ``executor`` replaces the parent's pool."""
         self._executor = executor
+        self._guard = nullcontext() if guard is None else guard
         self._lock = threading.Lock()
         self._caller_left = threading.Condition(self._lock)
         self._copied = threading.Condition(self._lock)
@@ -332,6 +334,10 @@ class BatchIterator(Iterator[T], Generic[T]):
                 job.state, job.posted, job.batch, job.error = _PENDING, None, None, None
 
     def close(self) -> None:
+        with self._guard:  # (never while another thread is inside __next__)
+            self._close()
+
+    def _close(self) -> None:
         with self._lock:  # unstarted copies are dropped; running ones are waited for, posted ones finished
             self._closed = True
             self._caller_left.notify_all()

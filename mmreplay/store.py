@@ -923,7 +923,7 @@ class ReplayStore:
         copy of the lock descriptor is closed (the parent keeps the lock). ``consistent``: the forking thread
         held the store's lock (no call of another thread was half-way); otherwise the child cannot use it."""
         self._lock = threading.RLock()  # (a parent's thread may have held the old one)
-        self._drawer.forked()
+        self._drawer.forked(self._lock)
         self._reader.forked()
         self._parts.log.forked()
         if self._mode == "r+":
@@ -938,6 +938,7 @@ class ReplayStore:
                 " this forked child may sample from it but not write, commit or save; open the store in the"
                 " child with ReplayStore.open(path, mode='r') to follow the parent's commits")
         if not consistent:
+            self._drawer.end_iterators()  # (as close() ends them; nothing of theirs is running here)
             self._closed = True
             self._closed_why = (
                 f"the store {self._path} was in use by another thread of the parent process when it forked (for"

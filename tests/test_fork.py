@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 import time
+import traceback
 
 import numpy as np
 import pytest
@@ -86,8 +87,12 @@ def child_samples_after_parent(path: str, compression: str | None, reader: bool)
             g = store.gather(np.arange(*store.id_range)[-300:-200])
             assert np.array_equal(g.index, np.arange(*store.id_range)[-300:-200])
             code = 0
+        except BaseException:
+            traceback.print_exc()
+            raise
         finally:
             sys.stdout.flush()
+            sys.stderr.flush()
             if code:
                 os._exit(code)  # (an assertion's traceback is printed by the interpreter below otherwise)
         sys.exit(0)  # a normal exit: atexit and the store's finalizer run in the child
@@ -210,3 +215,62 @@ def test_dataloader_fork_workers_over_an_inherited_store(tmp_path):
     require("torch")
     out = run_scenario("test_fork", "dataloader_fork_workers", str(tmp_path / "s"), timeout=240)
     assert "workers sampled" in out
+
+
+def fork_while_another_thread_holds_the_store(path: str) -> None:
+    """A fork while another thread is inside a call on the store that does not end (here: holds its lock)
+    waits ``FORK_WAIT`` seconds, then forks: the child's copy may be half-changed, so its calls raise
+    ``StoreClosedError`` saying to reopen (its iterators end), and it exits normally. The parent's store is
+    unaffected."""
+    from mmreplay import store as store_module
+
+    store_module.FORK_WAIT = 0.2  # type: ignore[attr-defined]
+    store = _fill(path, "lz4", steps=400)
+    it = store.batches(8)
+    next(it)
+    inside, leave = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        with store._lock:
+            inside.set()
+            leave.wait(60)
+
+    t = threading.Thread(target=busy)
+    t.start()
+    inside.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with pytest.raises(StopIteration):  # the store's iterators end, as when it is closed
+                next(it)
+            for call in (lambda: store.sample(8), lambda: store.gather([5]), store.commit):
+                try:
+                    call()
+                except mr.StoreClosedError as exc:
+                    assert "another thread" in str(exc) and "open the store again" in str(exc), exc
+                else:
+                    raise AssertionError("a half-changed store was used in the child")
+            store.close()
+            code = 0
+        except BaseException:
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if code:
+                os._exit(code)
+        sys.exit(0)
+    leave.set()
+    t.join()
+    assert _wait_child(pid) == 0
+    assert len(store.sample(8)) == 8 and len(next(it)) == 8
+    store.close()
+    print("child refused")
+
+
+def test_fork_while_another_thread_is_inside_a_call(tmp_path):
+    atari_frames("pong")
+    out = run_scenario("test_fork", "fork_while_another_thread_holds_the_store", str(tmp_path / "s"))
+    assert "child refused" in out

@@ -207,3 +207,33 @@ def sample_beside_refresh(path: str, commits: int) -> None:
 def test_sample_beside_refresh_in_another_thread(tmp_path):
     out = run_scenario("test_threads", "sample_beside_refresh", str(tmp_path / "s"), 40)
     assert "rows checked" in out
+
+
+def test_rate_limited_step_waits_without_holding_the_store(tmp_path):
+    """An actor thread's ``step()`` that waits for samples must let the learner thread of the same store
+    sample meanwhile: its waits end by the learner's rows, never by the timeout (a step that held the store's
+    lock while waiting would stall both until ``RateLimitTimeout``)."""
+    path = tmp_path / "s"
+    store = mr.ReplayStore.create(path, capacity=1000, obs_shape=(2,), obs_dtype="int32", n_step=1, seed=0,
+                                  rate_limit=mr.RateLimit(1.0, min_size=20, error_buffer=16, timeout=20))
+    reader = mr.ReplayStore.open(path, mode="r")  # present: the writer's step() waits instead of raising
+    store.reset(np.zeros(2, np.int32))
+    counts = [0, 0]
+
+    def actor(stop: threading.Event) -> None:
+        for t in range(400):
+            store.step(0, 1.0, np.array([t, 0], np.int32), False, False)
+            counts[0] += 1
+        stop.set()
+
+    def learner(stop: threading.Event) -> None:
+        while not stop.is_set():
+            if store.can_sample(8):
+                counts[1] += len(store.sample(8))
+            time.sleep(0.002)  # slower than the actor: its steps keep reaching the limit and waiting
+
+    _run_threads([actor, learner], lambda: False, limit=120)
+    assert store.inspect()["rate_limit"]["inserted"] == 400
+    assert counts[0] == 400 and counts[1] >= 400 - 16 - 20 - 8, counts
+    reader.close()
+    store.close()
