@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .native import jit_enabled
 from .native.plan import nstep_returns
 from .plan import Plan
 from .reader import FrameReader, PostedStacks
@@ -16,6 +17,8 @@ __all__ = ["Batch", "FrameBatch"]
 FrameBuffer = Callable[[tuple[int, ...], np.dtype], np.ndarray]
 """``frame_buffer(shape, dtype)``: a C-contiguous array of that shape and dtype to read a batch's distinct
 frames into (called in the thread that assembles the batch; the batch's ``frames`` is that array)."""
+
+_NATIVE = jit_enabled()  # False under NUMBA_DISABLE_JIT=1: the numpy reference passes instead
 
 
 @dataclass
@@ -67,9 +70,12 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         if plan.next_missing.any():
             next_obs[plan.next_missing] = 0
     # n-step return: float64 terms summed strictly in increasing i, then float32 (native pass; its numpy
-    # reference is ``nstep_returns_numpy``)
-    reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
-                                     plan.window, plan.terminated)
+    # reference is ``nstep_returns_numpy``, which runs instead where numba does not compile)
+    if _NATIVE:
+        reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
+                                         plan.window, plan.terminated)
+    else:
+        reward, discount = nstep_returns_numpy(arrays["reward"], plan, discounts)
     return Batch(
         obs=obs,
         action=arrays["action"][plan.slots],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -77,13 +78,14 @@ class Drawer:
 
     def iterator(self, draw: Callable[[], Draw], assemble: Callable[..., T], index: Index,
                  kind: tuple[int, int, bool], prefetch: int, handout: Callable[[int], None] | None = None,
-                 post: Callable[[Draw], Any] | None = None) -> BatchIterator[T]:
+                 post: Callable[[Draw], Any] | None = None,
+                 guard: AbstractContextManager[Any] | None = None) -> BatchIterator[T]:
         """A prefetching iterator of draws of one ``kind`` (``Draw.kind``: batch size, sequence length or 0,
         strict). The first one after a resume first hands out the batches the committed run had drawn but
         not handed out (if they are of this kind and still sampleable), then continues from there.
         ``handout(rows)`` runs before each batch is handed out (the rate limit); ``post(draw)`` starts
         reading a draw's frames in the reader's helper thread, and ``assemble(draw, posted, then)`` finishes
-        such a draw (``BatchIterator``)."""
+        such a draw (``BatchIterator``); ``guard`` (the store's lock) is held by each ``next()``."""
         pending: list[Draw] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
@@ -97,9 +99,7 @@ class Drawer:
             except ValueError:  # a head that cannot hold its starts (a forged manifest): draw afresh too
                 pending = []
         self._resume_draws = []
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
-        it = BatchIterator(draw, assemble, self._pool, prefetch, pending, handout, post)
+        it = BatchIterator(draw, assemble, self._executor(), prefetch, pending, handout, post, guard)
         self._iterators.add(it)
         return it
 
@@ -144,6 +144,19 @@ class Drawer:
         """End every live iterator (a reader moving to a newer commit, or closing)."""
         for it in list(self._iterators):
             it.close()
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
+        return self._pool
+
+    def forked(self, guard: AbstractContextManager[Any] | None = None) -> None:
+        """In a forked child: the prefetch thread is the parent's. Its pool is dropped, never joined (a pool
+        whose thread was idle at the fork would queue work for a thread the child does not have), and live
+        iterators go on with a new one and ``guard``, the store's new lock (``BatchIterator.forked``)."""
+        self._pool = None
+        for it in list(self._iterators):
+            it.forked(self._executor(), guard)
 
     def close(self) -> None:
         self.end_iterators()

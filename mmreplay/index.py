@@ -22,8 +22,10 @@ import numpy as np
 from .episodes import EpisodeTable, episode_table
 from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
+from .native import jit_enabled
 from .native import plan as native_plan
 from .native.priorities import priority_update
+from .native.reference import priority_update_numpy
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 
@@ -58,6 +60,7 @@ class Index:
         self.stack = stack
         self.n_step = n_step
         self.math = RowMath(stack, n_step, pad, gamma)
+        self._native = jit_enabled()  # False under NUMBA_DISABLE_JIT=1: the numpy plan and priority checks
         self._plan_config = native_plan.config(geometry.num_envs, geometry.rows_per_stream, geometry.rows_alloc,
                                                geometry.positions, stack, n_step, pad == "first", False, 0, 0)
         self.has_missing = False  # a MISSING frame was ever written or loaded (imports only)
@@ -325,7 +328,8 @@ class Index:
         """Check a priority update of ``ids`` (int64) to ``priorities`` (float64) and resolve it to slots in
         one native pass (``native.priorities.priority_update``: its status codes, the distinct
         sampleable slots with their last value, how many ids were skipped, the largest value)."""
-        return priority_update(ids, priorities, self.oldest_id, self.next_id, self.id2slot, self.valid)
+        update = priority_update if self._native else priority_update_numpy
+        return update(ids, priorities, self.oldest_id, self.next_id, self.id2slot, self.valid)
 
     def check_ids(self, ids: np.ndarray) -> None:
         """Raise ``NotSampleableError`` naming the first id that is evicted, never issued or not sampleable."""
@@ -356,7 +360,8 @@ class Index:
         numpy plan otherwise (streams written apart: rows mapped through the geometry)."""
         geo = self.geo
         rows, oldest = self.rows, self.oldest_row
-        if not geo.lockstep or (geo.num_envs > 1 and (rows.min() != rows.max() or oldest.min() != oldest.max())):
+        if not self._native or not geo.lockstep or (
+                geo.num_envs > 1 and (rows.min() != rows.max() or oldest.min() != oldest.max())):
             return self.plan_numpy(slots)
         cfg = self._plan_config
         cfg[native_plan.C_POSITIONS] = geo.positions

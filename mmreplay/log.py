@@ -392,7 +392,10 @@ class ChunkLog:
             # no commit ever listed it: delete it now, in the sealer thread (freeing its page cache
             # takes milliseconds that step() should not wait for)
             self._deleting = [f for f in self._deleting if not f.done()]
-            self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
+            try:
+                self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
+            except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
+                self.ring.delete_raw_frames(info.name)
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
@@ -651,6 +654,15 @@ class ChunkLog:
                 removed = True
         if removed:
             fsync_dir(base)
+
+    def forked(self) -> None:
+        """In a forked child: the sealer thread and its seals are the parent's. They are dropped, never waited
+        for (they would never finish here): the child's ``close()`` and exit must not hang on them. Chunks
+        whose seal was in flight stay readable through their raw frames; the child writes nothing (the
+        store refuses writes in a child, ``ReplayStore``)."""
+        self._executor = None
+        self._sealing.clear()
+        self._deleting = []
 
     def close(self, failed: bool = False) -> None:
         """Finish the background seals and release everything. ``failed``: a disk error already turned the

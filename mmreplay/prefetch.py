@@ -55,6 +55,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -114,8 +115,13 @@ class BatchIterator(Iterator[T], Generic[T]):
 
     def __init__(self, draw: Callable[[], Draw], assemble: Callable[..., T], executor: ThreadPoolExecutor,
                  prefetch: int, pending: list[Draw] | None = None,
-                 handout: Callable[[int], None] | None = None, post: Callable[[Draw], Any] | None = None) -> None:
+                 handout: Callable[[int], None] | None = None, post: Callable[[Draw], Any] | None = None,
+                 guard: AbstractContextManager[Any] | None = None) -> None:
         self._draw = draw
+        # held for the whole of ``__next__`` (the store's lock): drawing a batch and queueing its job are one
+        # step for a thread that retires chunks (it drains the queued jobs before unmapping, see ``drain``),
+        # and a call in another thread (``invalidate`` discarding the drawn batches) never lands mid-hand-out
+        self._guard: AbstractContextManager[Any] = nullcontext() if guard is None else guard
         self._assemble = assemble
         self._post = post  # starts reading a draw's frames in the reader's helper thread, or returns None
         self._handout = handout  # called with a batch's rows just before it is handed out (may wait or raise)
@@ -245,6 +251,10 @@ class BatchIterator(Iterator[T], Generic[T]):
             self._run(job)
 
     def __next__(self) -> T:
+        with self._guard:
+            return self._next()
+
+    def _next(self) -> T:
         if self._closed:
             raise StopIteration
         with self._lock:
@@ -301,7 +311,29 @@ class BatchIterator(Iterator[T], Generic[T]):
                 self._copied.wait()
             self._waiting -= 1
 
+    def forked(self, executor: ThreadPoolExecutor, guard: AbstractContextManager[Any] | None) -> None:
+        """In a forked child: the parent's threads are gone. Locks a parent's thread held at the fork would stay
+        held, copies it was making would never finish: fresh locks (``guard``: the store's new one), and jobs
+        being copied (by the prefetch thread, or posted to the reader's helper) are unstarted again;
+        ``executor`` replaces the parent's pool."""
+        self._executor = executor
+        self._guard = nullcontext() if guard is None else guard
+        self._lock = threading.Lock()
+        self._caller_left = threading.Condition(self._lock)
+        self._copied = threading.Condition(self._lock)
+        self._waiting = 0
+        self._in_next = False
+        self._working = False
+        self._posted = None
+        for job in self._jobs:
+            if job.state in (_RUNNING, _POSTED):
+                job.state, job.posted, job.batch, job.error = _PENDING, None, None, None
+
     def close(self) -> None:
+        with self._guard:  # (never while another thread is inside __next__)
+            self._close()
+
+    def _close(self) -> None:
         with self._lock:  # unstarted copies are dropped; running ones are waited for, posted ones finished
             self._closed = True
             self._caller_left.notify_all()

@@ -181,14 +181,14 @@ _KERNELS: list[tuple[ModuleType, ModuleType | None] | None] = []
 
 def native_kernels() -> tuple[ModuleType, ModuleType | None] | None:
     """``(mmreplay.native.lz4, mmreplay.native.crew)`` (the crew None where helpers cannot sleep in the kernel:
-    not Linux), or None where numba cannot be imported or its compiler is switched off
-    (``NUMBA_DISABLE_JIT=1``): then frames are copied by numpy and decoded by the numcodecs reference path."""
+    not Linux), or None where numba cannot be imported or does not compile (``NUMBA_DISABLE_JIT=1``): then
+    frames are copied by numpy and decoded by the numcodecs reference path."""
     if not _KERNELS:
         found: tuple[ModuleType, ModuleType | None] | None
         try:
-            import numba
+            from .native import jit_enabled
 
-            if numba.config.DISABLE_JIT:  # type: ignore[attr-defined]
+            if not jit_enabled():
                 raise ImportError("numba's compiler is disabled")
             from .native import crew, lz4
             found = lz4, (crew if crew.SUPPORTED else None)
@@ -611,7 +611,9 @@ class FrameReader:
             self._crew.close()
 
     def forked(self) -> None:
-        """In a forked child: drop the parent's helper threads (they did not survive the fork); the child
-        starts its own on its first shared read."""
+        """In a forked child: drop what belongs to the parent's threads, never joining it (the helpers, which
+        did not survive the fork: the child starts its own on its first shared read; a buffer pool whose lock
+        a parent's thread may have held at the fork). Reads go on through the inherited mappings."""
         if self._crew is not None:
             self._crew.forked()
+        self._pool = FramePool()

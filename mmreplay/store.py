@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -55,6 +56,20 @@ from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _serialized(method: _F) -> _F:
+    """The method runs holding the store's lock (``ReplayStore._lock``): calls from several threads are
+    serialized (SEMANTICS.md "Threads and processes")."""
+
+    @functools.wraps(method)
+    def locked(self: ReplayStore, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            return method(self, *args, **kwargs)
+
+    return cast(_F, locked)
+
 
 class _RingEvents:
     """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
@@ -66,7 +81,8 @@ class _RingEvents:
     def sync(self) -> None:
         store = self._store()
         if store is not None:
-            store._sync()
+            with store._lock:  # (the rate limit calls it from inside a locked call, or from batches()' hand-out)
+                store._sync()
 
     def before_unmap(self) -> None:
         store = self._store()
@@ -124,16 +140,23 @@ class ReplayStore:
     Reading: ``sample``, ``batches``, ``gather``, ``iter_batches``, ``current_obs``, ``episodes``;
     sequences: ``sample_sequences``, ``sequence_batches``, ``gather_sequences``.
     Durability: ``commit()`` is the only resume point besides ``close()``; ``save``/``load`` snapshots.
+    Threads: a store may be used from several threads; its calls are serialized (one lock). A forked child
+    may sample from an inherited store; one opened for writing refuses writes there (reopen it).
     """
 
     # -- construction ----------------------------------------------------------------------------------
     def __init__(self, path: str, schema: Schema, manifest: dict[str, Any], mode: str,
                  seed: int | None, lock_fd: int | None, read_threads: int | None = None,
                  read_ahead: bool | str = "auto") -> None:
+        # Held by every public call that reads or changes the ring, the index or the draw state (``_serialized``):
+        # a call in one thread never sees a chunk another thread is retiring and unmapping. Re-entrant: the
+        # rate limit's sync and the parts' callbacks come back into the store from inside a call.
+        self._lock = threading.RLock()
         self._path = path
         self._schema = schema
         self._mode = mode
         self._closed = False
+        self._closed_why = ""  # set when a forked child cannot use the store (``_forked``)
         self._inputs = _inputs.Inputs(schema)
         self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
@@ -158,9 +181,9 @@ class ReplayStore:
             self._limiter.publish_size(self._parts.log.index.n_valid)
         if mode == "r+":
             self._parts.log.remove_strays()
-            _WRITERS.add(self)
             # the kernels it calls compile while it fills (native/warmup.py), once per kind of store and process
             start_warmup(schema.compression is not None, schema.prioritized is not None)
+        _LIVE.add(self)
 
     def _attach(self, manifest: dict[str, Any]) -> None:
         """Map the chunks a manifest lists and build every part from them (open and refresh)."""
@@ -290,6 +313,7 @@ class ReplayStore:
         return self._schema.compression
 
     @property
+    @_serialized
     def id_range(self) -> tuple[int, int]:
         """``(oldest retained id, next id to be issued)``: ids below are evicted, ids at or above never issued."""
         self._check_open()
@@ -302,6 +326,7 @@ class ReplayStore:
         return self._durable.generation
 
     @property
+    @_serialized
     def episode_open(self) -> np.ndarray:
         """Per env stream, whether an episode is open, i.e. a ``step()`` may follow (bool ``(num_envs,)``).
 
@@ -313,6 +338,7 @@ class ReplayStore:
             return self._writer.episode_open
         return EpisodeWriter(self._schema, self._parts.log, self._inputs).episode_open
 
+    @_serialized
     def __len__(self) -> int:
         """Number of transitions that can be sampled now."""
         self._check_open()
@@ -323,6 +349,7 @@ class ReplayStore:
         state = "closed" if self._closed else f"mode={self._mode!r}"
         return f"<ReplayStore {self._path!r} {state} capacity={self.capacity}>"
 
+    @_serialized
     def inspect(self, ids: Any = None) -> dict[str, Any]:
         """Internal counters, for tests and debugging (keys may change between versions).
 
@@ -342,6 +369,7 @@ class ReplayStore:
         return self._parts.counters(self._path, ids, settle=self._writer is not None and self._durable.failed is None)
 
     # -- writing ---------------------------------------------------------------------------------------
+    @_serialized
     def reset(self, obs: Any, head_lost: bool = False, env: int | None = None) -> None:
         """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
 
@@ -372,15 +400,22 @@ class ReplayStore:
         as zeros and nothing bootstraps from it. A block that breaks a rule raises (``ValueError``,
         ``TypeError``, ``EpisodeStateError``) and appends nothing. Returns the id of the first transition.
         """
-        writer = self._check_writable()
-        s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras, final_missing)
-        self._limit.inserting(blk.length)  # a rate-limited store waits as for blk.length steps
-        try:
-            first = writer.write_extend(s, blk, bool(final_missing))
-        except OSError as exc:
-            raise self._durable.fail(exc, "writing a block of steps") from exc
-        self._limit.inserted(blk.length)
-        return first
+        while True:
+            with self._lock:
+                writer = self._check_writable()
+                s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras,
+                                             final_missing)
+                lim = self._limiter
+                if lim is None or lim.fits(blk.length):
+                    try:
+                        first = writer.write_extend(s, blk, bool(final_missing))
+                    except OSError as exc:
+                        raise self._durable.fail(exc, "writing a block of steps") from exc
+                    self._limit.inserted(blk.length)
+                    return first
+            # a rate-limited store waits as for blk.length steps, without the lock (see step()); then checks again
+            assert lim is not None
+            lim.inserting(blk.length)
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              **extras: Any) -> None:
@@ -394,20 +429,27 @@ class ReplayStore:
         ``next_obs=None`` (unbatched stores, on a step that ends the episode; for importers): the final
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
-        writer = self._check_writable()
-        lim = self._limiter
-        if lim is not None:  # the rate limit (StoreLimit.inserting and .inserted, inlined: the hot path)
-            n = writer.stored_by_next_step() if self._schema.vector else 1
-            if not lim.fits(n) and writer.stored_by_next_step():  # (no wait for a step that will raise)
-                lim.inserting(n)
-        try:
-            writer.step(action, reward, next_obs, terminated, truncated, extras)
-        except OSError as exc:
-            raise self._durable.fail(exc, "writing a transition") from exc
-        if lim is not None and n and lim.inserted(n):
-            self._sync()
+        while True:
+            with self._lock:
+                writer = self._check_writable()
+                lim, n = self._limiter, 0
+                if lim is not None:  # the rate limit (StoreLimit.inserting and .inserted, inlined: the hot path)
+                    n = writer.stored_by_next_step() if self._schema.vector else 1
+                if lim is None or lim.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
+                    try:
+                        writer.step(action, reward, next_obs, terminated, truncated, extras)
+                    except OSError as exc:
+                        raise self._durable.fail(exc, "writing a transition") from exc
+                    if lim is not None and n and lim.inserted(n):
+                        self._sync()
+                    return
+            # Wait for the readers' samples without the lock: another thread of this process may be the one
+            # that samples (an actor thread stepping, a learner thread sampling). Then check again.
+            assert lim is not None
+            lim.inserting(n)
 
     # -- reading ---------------------------------------------------------------------------------------
+    @_serialized
     def sample(self, batch_size: int, replace: bool = True, beta: float | None = None) -> Batch:
         """A batch drawn (seeded) from the sampleable transitions.
 
@@ -424,6 +466,7 @@ class ReplayStore:
         assert d.slots is not None  # (Drawer.draw always finds them)
         return self._assemble(d.slots, d.ids, d.weight)
 
+    @_serialized
     def batches(self, batch_size: int, prefetch: int = 2, beta: float | None = None, frames: str = "stacks",
                 frame_buffer: FrameBuffer | None = None, transform: Callable[[Any], Any] | None = None) -> BatchIterator[Any]:
         """An endless iterator of ``sample(batch_size)`` batches whose frames are copied in the background.
@@ -453,9 +496,10 @@ class ReplayStore:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
                                      self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out,
-                                     None if distinct else self._post_draw)
+                                     None if distinct else self._post_draw, guard=self._lock)
 
     # -- rate limiting ---------------------------------------------------------------------------------
+    @_serialized
     def can_sample(self, batch_size: int) -> bool:
         """Whether ``sample(batch_size)`` returns now, without waiting or raising ``NotSampleableError``:
         something is sampleable (in a prioritized store, with priority mass), and the rate limit (if any)
@@ -470,6 +514,7 @@ class ReplayStore:
             return False  # sample() would raise NotSampleableError
         return self._limiter is None or self._limiter.can_sample(b)
 
+    @_serialized
     def can_insert(self) -> bool:
         """Whether the rate limit allows the next ``step()`` now, without waiting (True without a limit):
         ``samples_per_insert * (inserted + n) <= sampled + error_buffer + samples_per_insert * min_size``
@@ -478,6 +523,7 @@ class ReplayStore:
         return self._limiter is None or self._limiter.can_insert(writer.stored_by_next_step())
 
     # -- invalidation ------------------------------------------------------------------------------------
+    @_serialized
     def invalidate(self, ids: Any) -> int:
         """Never sample, gather or start a sequence from these transitions again (at once; durable at
         the next ``commit()``). ``len(store)`` drops; episodes and exports keep them.
@@ -493,6 +539,7 @@ class ReplayStore:
         self._after_validity_change(dropped)
         return n
 
+    @_serialized
     def clear(self) -> None:
         """Remove every transition stored so far (at once; durable at the next ``commit()``).
 
@@ -513,6 +560,7 @@ class ReplayStore:
             self._limiter.publish_size(self._parts.log.index.n_valid)
 
     # -- tables ------------------------------------------------------------------------------------------
+    @_serialized
     def _table_columns(self) -> dict[str, np.ndarray]:
         from .tables import transition_columns
 
@@ -567,6 +615,7 @@ class ReplayStore:
             return None
         return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots)
 
+    @_serialized
     def sample_sequences(self, batch_size: int, length: int, strict: bool = False,
                          beta: float | None = None) -> SequenceBatch:
         """A batch of sequences of ``length`` consecutive steps (``mr.SequenceBatch``), for recurrent and
@@ -586,6 +635,7 @@ class ReplayStore:
         beta = self._beta_arg(beta)
         return self._assemble_sequence_draw(self._limit.sample(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
+    @_serialized
     def sequence_batches(self, batch_size: int, length: int, prefetch: int = 2, strict: bool = False,
                          beta: float | None = None, frames: str = "stacks", frame_buffer: FrameBuffer | None = None,
                          transform: Callable[[Any], Any] | None = None) -> BatchIterator[Any]:
@@ -606,7 +656,7 @@ class ReplayStore:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      assemble, self._parts.log.index, (b, n, strict),
-                                     p, self._limit.on_hand_out)
+                                     p, self._limit.on_hand_out, guard=self._lock)
 
     def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
@@ -615,6 +665,7 @@ class ReplayStore:
         return assemble_sequence_frames(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader,
                                         d.weight, frame_buffer)
 
+    @_serialized
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
         ``sample_sequences`` builds them from the store as it is now (weights 1).
@@ -641,12 +692,14 @@ class ReplayStore:
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
         return assemble_sequences(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader, d.weight)
 
+    @_serialized
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
         self._sync()
         return self._parts.log.index.valid_ids()
 
+    @_serialized
     def gather(self, index: Any) -> Batch:
         """The rows of the given transition ids (e.g. ``batch.index``), exactly as ``sample`` returns them.
 
@@ -659,6 +712,7 @@ class ReplayStore:
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
 
+    @_serialized
     def iter_batches(self, batch_size: int, shuffle: bool = True, seed: int | None = None,
                      drop_last: bool = False) -> Iterator[Batch]:
         """One epoch over every transition sampleable now, in batches (the last may be smaller).
@@ -679,13 +733,16 @@ class ReplayStore:
             part = ids[i:i + b]
             if drop_last and part.size < b:
                 return
-            self._check_open()
-            self._sync()
-            idx = self._parts.log.index
-            part = part[idx.ids_valid(part)]
-            if part.size:
-                yield self._assemble(idx.slots_of(part), part)
+            with self._lock:  # each batch is a call of its own (not held while the caller has it)
+                self._check_open()
+                self._sync()
+                idx = self._parts.log.index
+                part = part[idx.ids_valid(part)]
+                batch = self._assemble(idx.slots_of(part), part) if part.size else None
+            if batch is not None:
+                yield batch
 
+    @_serialized
     def current_obs(self) -> np.ndarray:
         """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
         self._check_open()
@@ -695,12 +752,14 @@ class ReplayStore:
         return frames if self._schema.vector else frames[0]
 
     # -- episodes --------------------------------------------------------------------------------------
+    @_serialized
     def episodes(self) -> EpisodeTable:
         """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
         the ones whose first observation is retained and that have ended."""
         self._check_open()
         return self._parts.log.index.episodes(self._parts.log.ring.arrays["reward"])
 
+    @_serialized
     def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Observations ``start .. stop-1`` of episode ``i`` of ``table`` (positions 0..length; a copy).
 
@@ -708,6 +767,7 @@ class ReplayStore:
         self._check_open()
         return episode_frames(self._parts.log.index, self._reader.take, table, i, start, stop)
 
+    @_serialized
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
         self._check_open()
@@ -715,6 +775,7 @@ class ReplayStore:
                              start, stop)
 
     # -- priorities ------------------------------------------------------------------------------------
+    @_serialized
     def update_priorities(self, index: Any, priorities: Any) -> int:
         """Set the raw priorities ``p`` of transitions (e.g. ``batch.index`` and new |TD errors|).
 
@@ -730,6 +791,7 @@ class ReplayStore:
         self._sync()  # transitions whose window closed before this update enter with the old maximum
         return prio.update(ids, priorities)
 
+    @_serialized
     def priorities(self, index: Any) -> np.ndarray:
         """The raw priorities last set (float64) for sampleable ids; raises like ``gather`` otherwise."""
         self._check_open()
@@ -749,6 +811,7 @@ class ReplayStore:
     def beta(self, value: float) -> None:
         self._require_prio("beta").beta = check_beta(value)
 
+    @_serialized
     def priority_mass(self) -> tuple[float, float]:
         """``(total, smallest positive)`` priority mass ``(p + eps) ** alpha`` of the sampleable transitions
         (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
@@ -782,6 +845,7 @@ class ReplayStore:
         return sampler
 
     # -- durability ------------------------------------------------------------------------------------
+    @_serialized
     def commit(self) -> None:
         """Make the current state the durable resume point (in place).
 
@@ -795,6 +859,7 @@ class ReplayStore:
         self._sync()  # the state written includes every transition whose window has closed
         self._durable.commit(self._parts, json_dict(self.metadata))
 
+    @_serialized
     def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
         """Write a consistent snapshot of the current state to ``snapshot_dir`` while training goes on.
 
@@ -807,6 +872,8 @@ class ReplayStore:
         Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
         """
         self._check_open()
+        if isinstance(self._durable.failed, ReadOnlyStoreError):  # a forked child's inherited writer
+            raise self._durable.failed
         keep = _inputs.keep_arg(keep)
         self._sync()
         return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
@@ -837,6 +904,7 @@ class ReplayStore:
 
         return verify_store(self._path)
 
+    @_serialized
     def refresh(self) -> bool:
         """Readers (``mode="r"``): move to the writer's latest commit. Returns whether it changed.
 
@@ -863,6 +931,7 @@ class ReplayStore:
             old_log.close()
         return changed
 
+    @_serialized
     def close(self, commit: bool = True) -> None:
         """Commit (writable stores) and release files and the lock. Safe to call twice.
 
@@ -886,6 +955,37 @@ class ReplayStore:
         self.close()
 
     # -- internals -------------------------------------------------------------------------------------
+    def _forked(self, consistent: bool) -> None:
+        """In a forked child (``os.register_at_fork``): the parent's threads are gone, so what they own is
+        dropped, never joined or waited for: the prefetch pool and iterators' copies (``Drawer.forked``), the
+        reader's pool and helper (``FrameReader.forked``), the sealer and its seals in flight
+        (``ChunkLog.forked``). Sampling goes on through the inherited mappings. A store opened for writing
+        turns read-only: the parent goes on writing, and the child's ``close()`` and exit commit nothing; its
+        copy of the lock descriptor is closed (the parent keeps the lock). ``consistent``: the forking thread
+        held the store's lock (no call of another thread was half-way); otherwise the child cannot use it."""
+        self._lock = threading.RLock()  # (a parent's thread may have held the old one)
+        self._drawer.forked(self._lock)
+        self._reader.forked()
+        self._parts.log.forked()
+        if self._mode == "r+":
+            if self._held.lock_fd is not None:
+                try:
+                    os.close(self._held.lock_fd)
+                except OSError:
+                    pass
+                self._held.lock_fd = None
+            self._durable.failed = ReadOnlyStoreError(
+                f"the store {self._path} was opened for writing in the parent process, which goes on writing it:"
+                " this forked child may sample from it but not write, commit or save; open the store in the"
+                " child with ReplayStore.open(path, mode='r') to follow the parent's commits")
+        if not consistent:
+            self._drawer.end_iterators()  # (as close() ends them; nothing of theirs is running here)
+            self._closed = True
+            self._closed_why = (
+                f"the store {self._path} was in use by another thread of the parent process when it forked (for"
+                f" more than {FORK_WAIT:g} s), so this child's copy of it may be half-changed and cannot be used;"
+                " open the store again in the child with ReplayStore.open(path, mode='r')")
+
     def _sync(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
         new = self._parts.log.index.sync()
@@ -901,7 +1001,8 @@ class ReplayStore:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise StoreClosedError(f"the store {self._path} is closed; open it again with ReplayStore.open()")
+            raise StoreClosedError(self._closed_why or
+                                   f"the store {self._path} is closed; open it again with ReplayStore.open()")
 
     def _check_writable(self) -> EpisodeWriter:
         self._check_open()
@@ -911,7 +1012,26 @@ class ReplayStore:
         return self._writer
 
 
-_WRITERS: weakref.WeakSet[ReplayStore] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[ReplayStore] = weakref.WeakSet()  # every store object not yet garbage (fork handling)
+FORK_WAIT = 5.0  # seconds a fork waits for another thread's call on a store to end
+_HELD_AT_FORK: list[ReplayStore] = []  # stores whose lock the forking thread took
+
+
+def _before_fork() -> None:
+    """Take every open store's lock, so that the child inherits each store between two calls, never half-way
+    through one in another thread (an index half-updated, a chunk half-retired). A call that does not end
+    within ``FORK_WAIT`` seconds (a rate-limited sample waiting for the writer) is not waited for further:
+    the child then cannot use that store (``_forked``)."""
+    _HELD_AT_FORK.clear()
+    for store in list(_LIVE):
+        if not store._closed and store._lock.acquire(timeout=FORK_WAIT):
+            _HELD_AT_FORK.append(store)
+
+
+def _after_fork_in_parent() -> None:
+    for store in _HELD_AT_FORK:
+        store._lock.release()
+    _HELD_AT_FORK.clear()
 
 
 def _frames_arg(frames: Any, frame_buffer: Any, transform: Any) -> bool:
@@ -934,20 +1054,12 @@ def _then(assemble: Callable[..., Any], transform: Callable[[Any], Any]) -> Call
 
 
 def _after_fork_in_child() -> None:
-    """A forked child (e.g. a DataLoader worker) must not write through its parent's writer.
-
-    Its copy of the lock descriptor is closed (the parent keeps the lock) and the store turns
-    read-only in the child: sampling from the inherited mappings still works.
-    """
-    for store in list(_WRITERS):
-        if store._held.lock_fd is not None:
-            try:
-                os.close(store._held.lock_fd)
-            except OSError:
-                pass
-            store._held.lock_fd = None
-        store._durable.failed = ReadOnlyStoreError(
-            "this store was opened for writing in the parent process; open it in the child with mode='r'")
+    held = {id(store) for store in _HELD_AT_FORK}
+    _HELD_AT_FORK.clear()
+    for store in list(_LIVE):
+        if not store._closed:
+            store._forked(id(store) in held)
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..native import jit_enabled
 from ..native import sumtree as k
 
 __all__ = ["LeafIndexError", "SumTree"]
@@ -81,6 +82,15 @@ class SumTree:
     """
 
     __slots__ = ("_capacity", "_meta", "_nodes", "_one", "_scalars")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> SumTree:
+        # Where numba does not compile (NUMBA_DISABLE_JIT=1) the kernels would run as Python loops: the numpy
+        # tree holds the same numbers (``numpy_sumtree``)
+        if cls is SumTree and not jit_enabled():
+            from .numpy_sumtree import NumpySumTree
+
+            cls = NumpySumTree
+        return super().__new__(cls)
 
     def __init__(self, capacity: int) -> None:
         self._capacity = _validate_count(capacity, "capacity")

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import codecs
 from ..errors import CorruptStoreError
+from ..native import jit_enabled
 from .files import create_exclusive
 from .manifest import fsync_dir
 
@@ -200,6 +201,7 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     the frames do not shrink by that fraction. Raises ``OSError`` (a full disk); nothing is left at
     ``path`` or ``path.tmp`` then.
     """
+    native = native and jit_enabled()  # (NUMBA_DISABLE_JIT=1: the kernels cannot run)
     frame_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     head = header(codec, dtype, shape, count)
     data_start = len(head) + count * RECORD.itemsize
@@ -329,7 +331,7 @@ def decode_all(path: str, buf: np.ndarray, frames: int, frame_bytes: int, native
     ``CorruptStoreError`` naming the first damaged frame."""
     h = int.from_bytes(bytes(buf[8:12]), "little")
     end = buf.size - TRAILER
-    if not native:
+    if not native or not jit_enabled():  # (NUMBA_DISABLE_JIT=1: the kernels cannot run)
         return decode_frames(path, buf, np.arange(frames), frames, frame_bytes, end)
     from ..native import codes, lz4
 
