@@ -59,7 +59,6 @@ def stores(tmp_path_factory):
             s.step(t % 3, 1.0, np.full((8, 8), t, np.uint8), False, False)
     s.close()  # the second episode is still running: its last n_step - 1 ids are not sampleable yet
     mr.ReplayStore.create(root / "empty", capacity=100, obs_shape=(8, 8)).close()
-    require("zarr")
     from mmreplay.datasets import export
 
     export(str(root / "s"), str(root / "d.zarr"), format="zarr")
@@ -111,7 +110,6 @@ def test_a_missing_store_is_named(stores, command):
 
 
 def test_export_options_are_named_as_flags(stores):
-    require("h5py")
     out = stores / "o.hdf5"
     err = refused("export", stores / "s", out, "--format", "hdf5", "--compression", "bogus", names="--compression bogus")
     assert "expected one of gzip, lzf, none" in err
