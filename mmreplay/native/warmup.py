@@ -111,8 +111,14 @@ class Kernel:
     needs: frozenset[str] = EVERY
 
 
-# In the order a store's first sample() needs them, then the seal's.
+# In the order a store's first sample() calls them (a prioritized store's sampler first: it takes the new
+# slots and draws before the batch is planned and read), then batches(), the priority update and the seal.
 KERNELS: tuple[Kernel, ...] = (
+    Kernel("sumtree", "tree_set", _tree(_i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "tree_set_with", _tree(_i64(), _f64(), _f64(), _f64(), np.zeros(1, np.bool_)), PRIORITIZED),
+    Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
+    Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),
     Kernel("lz4", "gather_pairs", lambda: _both(lambda: (_i64(1, 1), _i64(1, 1), 0, 1, _u8()))),
@@ -120,16 +126,11 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("handoff", "serve", _every(_i64(4), 1)),
     Kernel("handoff", "post", _every(_i64(4), 1, 1, _i64(4))),
     Kernel("handoff", "join", _every(_i64(4), 1, 1)),
-    Kernel("sumtree", "tree_set", _tree(_i64(), _f64()), PRIORITIZED),
-    Kernel("sumtree", "tree_set_with", _tree(_i64(), _f64(), _f64(), _f64(), np.zeros(1, np.bool_)), PRIORITIZED),
-    Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
-    Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
-    Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "check_set", _every(_i64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("priorities", "priority_update", _every(_i64(), _f64(), 0, 1, _i64(), np.zeros(1, np.bool_)), PRIORITIZED),
     Kernel("sumtree", "tree_proportional", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("sumtree", "tree_find", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("sumtree", "tree_load", _tree(_f64()), PRIORITIZED),
-    Kernel("sumtree", "check_set", _every(_i64(), _i64(), _f64()), PRIORITIZED),
-    Kernel("priorities", "priority_update", _every(_i64(), _f64(), 0, 1, _i64(), np.zeros(1, np.bool_)), PRIORITIZED),
     Kernel("lz4", "gather", lambda: _both(lambda: (_i64(), _u8())) + _decode_file()),
     Kernel("parallel", "gather", lambda: _both(lambda: (_i64(), _i64(2), _u8()))),
     Kernel("lz4_encode", "encode_frames", _every(_ro(_u8()), 1, 8, _u8(64), 0, _i64(1, 2), 8), COMPRESSED),
