@@ -4,7 +4,8 @@ numba compiles a kernel the first time it is called with new argument types and 
 in its cache (``cache=True``), so the next process loads it instead. On a machine with an empty cache
 the first ``sample()`` would pay for compiling the batch kernels. ``compile_all()`` compiles every
 kernel for the argument types the package calls it with (``KERNELS``), without running any of them; a
-writable store starts it once per process in a daemon thread (``start_background()``), so the kernels are
+writable store starts it in a daemon thread (``start_background()``, once per kind of store and process),
+so the kernels are
 ready, or loaded from the cache, by the time the first batch is drawn. A store warms only the kernels and
 argument types a store of its kind calls (``Kernel.needs``, ``store_tags``), in the order its first
 ``sample()`` calls them.
@@ -19,13 +20,16 @@ Rules:
   nothing runs, so no parallel launch happens here (``parallel.Cores`` keeps counting the launches).
 - numba compiles under one process-wide lock, so a foreground call that needs a kernel while the
   warm-up compiles another waits for that one compile, then finds its own kernel compiled or compiles
-  it; results never depend on who compiled. The warm-up sleeps a moment between two compiles, outside
-  the lock: without that pause the lock (not fair) went back to the warm-up thread every time and a
-  first ``sample()`` waited for the whole warm-up.
+  it; results never depend on who compiled. The lock is not fair, so the warm-up sleeps a moment
+  between two compiles, outside it: otherwise it would take the lock back after every compile and a
+  waiting first ``sample()`` would wait for the whole warm-up.
 - ``parallel`` is imported before anything compiles: it makes a fork take numba's compile lock first,
   so a fork while the warm-up compiles waits for that compile instead of leaving the child a lock held
   by a thread it does not have.
 - ``MMREPLAY_WARMUP=0`` turns the background warm-up off (``mmreplay warmup`` still compiles).
+- A kernel Python calls belongs in ``KERNELS``, with every combination of argument types it is called
+  with: ``tests/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
+  fails on any kernel numba then had to compile.
 """
 
 from __future__ import annotations
