@@ -5,10 +5,9 @@ in its cache (``cache=True``), so the next process loads it instead. On a machin
 the first ``sample()`` would pay for compiling the batch kernels. ``compile_all()`` compiles every
 kernel for the argument types the package calls it with (``KERNELS``), without running any of them; a
 writable store starts it in a daemon thread (``start_background()``, once per kind of store and process),
-so the kernels are
-ready, or loaded from the cache, by the time the first batch is drawn. A store warms only the kernels and
-argument types a store of its kind calls (``Kernel.needs``, ``store_tags``), in the order its first
-``sample()`` calls them.
+so the kernels are ready, or loaded from the cache, by the time the first batch is drawn. A store warms
+only the kernels and argument types a store of its kind calls (``Kernel.needs``, ``store_tags``), in the
+order its first ``sample()`` calls them.
 
 Where the cache is: numba's, under ``NUMBA_CACHE_DIR`` when set, otherwise the ``__pycache__`` folder
 beside the kernel modules (or a per-user folder where that is not writable); ``cache_dir()`` says which.
