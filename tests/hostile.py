@@ -124,8 +124,10 @@ def run_limited(code: str, timeout: float = 60, address_space: int = 4 << 30,
     time capped, so a regression (a bomb inflated, a loop over a declared size) fails the test — killed
     or MemoryError — instead of the machine. The CPU cap is a resource bound far above what a refusal
     needs (a fresh interpreter importing mmreplay takes ~1 s), not a speed target. ``peak_kib()`` in the
-    code gives the interpreter's peak resident memory."""
-    prelude = (f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}));"
+    code gives the interpreter's peak resident memory. The kernels' background warm-up is off there: what
+    it compiles (tens of CPU seconds on a cold numba cache) is no part of the work bounded."""
+    prelude = ("import os; os.environ['MMREPLAY_WARMUP'] = '0'\n"
+               f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({address_space}, {address_space}));"
                f" resource.setrlimit(resource.RLIMIT_CPU, ({cpu_seconds}, {cpu_seconds}));"
                f" sys.path.insert(0, {REPO!r})\n{PEAK}")
     return subprocess.run([sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True,

@@ -4,10 +4,10 @@ numba compiles a kernel the first time it is called with new argument types and 
 in its cache (``cache=True``), so the next process loads it instead. On a machine with an empty cache
 the first ``sample()`` would pay for compiling the batch kernels. ``compile_all()`` compiles every
 kernel for the argument types the package calls it with (``KERNELS``), without running any of them; a
-writable store starts it once per process in a daemon thread (``start_background()``), so the kernels are
-ready, or loaded from the cache, by the time the first batch is drawn. A store warms only the kernels and
-argument types a store of its kind calls (``Kernel.needs``, ``store_tags``), in the order its first
-``sample()`` calls them.
+writable store starts it in a daemon thread (``start_background()``, once per kind of store and process),
+so the kernels are ready, or loaded from the cache, by the time the first batch is drawn. A store warms
+only the kernels and argument types a store of its kind calls (``Kernel.needs``, ``store_tags``), in the
+order its first ``sample()`` calls them.
 
 Where the cache is: numba's, under ``NUMBA_CACHE_DIR`` when set, otherwise the ``__pycache__`` folder
 beside the kernel modules (or a per-user folder where that is not writable); ``cache_dir()`` says which.
@@ -19,13 +19,16 @@ Rules:
   nothing runs.
 - numba compiles under one process-wide lock, so a foreground call that needs a kernel while the
   warm-up compiles another waits for that one compile, then finds its own kernel compiled or compiles
-  it; results never depend on who compiled. The warm-up sleeps a moment between two compiles, outside
-  the lock: without that pause the lock (not fair) went back to the warm-up thread every time and a
-  first ``sample()`` waited for the whole warm-up.
+  it; results never depend on who compiled. The lock is not fair, so the warm-up sleeps a moment
+  between two compiles, outside it: otherwise it would take the lock back after every compile and a
+  waiting first ``sample()`` would wait for the whole warm-up.
 - ``crew`` is imported before anything compiles: it makes a fork take numba's compile lock first,
   so a fork while the warm-up compiles waits for that compile instead of leaving the child a lock held
   by a thread it does not have.
 - ``MMREPLAY_WARMUP=0`` turns the background warm-up off (``mmreplay warmup`` still compiles).
+- A kernel Python calls belongs in ``KERNELS``, with every combination of argument types it is called
+  with: ``tests/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
+  fails on any kernel numba then had to compile.
 """
 
 from __future__ import annotations
@@ -111,8 +114,14 @@ class Kernel:
     needs: frozenset[str] = EVERY
 
 
-# In the order a store's first sample() needs them, then the seal's.
+# In the order a store's first sample() calls them (a prioritized store's sampler first: it takes the new
+# slots and draws before the batch is planned and read), then batches(), the priority update and the seal.
 KERNELS: tuple[Kernel, ...] = (
+    Kernel("sumtree", "tree_set", _tree(_i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "tree_set_with", _tree(_i64(), _f64(), _f64(), _f64(), np.zeros(1, np.bool_)), PRIORITIZED),
+    Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
+    Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),
     Kernel("lz4", "gather_pairs", lambda: _both(lambda: (_i64(1, 1), _i64(1, 1), 0, 1, _u8()))),
@@ -120,16 +129,11 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("crew", "join", _every(_i64(4), 1, 1)),
     Kernel("crew", "serve", _every(_i64(4))),
     Kernel("crew", "wake_all", _every(_i64(4))),
-    Kernel("sumtree", "tree_set", _tree(_i64(), _f64()), PRIORITIZED),
-    Kernel("sumtree", "tree_set_with", _tree(_i64(), _f64(), _f64(), _f64(), np.zeros(1, np.bool_)), PRIORITIZED),
-    Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
-    Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
-    Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("sumtree", "check_set", _every(_i64(), _i64(), _f64()), PRIORITIZED),
+    Kernel("priorities", "priority_update", _every(_i64(), _f64(), 0, 1, _i64(), np.zeros(1, np.bool_)), PRIORITIZED),
     Kernel("sumtree", "tree_proportional", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("sumtree", "tree_find", _tree(_f64(), _i64()), PRIORITIZED),
     Kernel("sumtree", "tree_load", _tree(_f64()), PRIORITIZED),
-    Kernel("sumtree", "check_set", _every(_i64(), _i64(), _f64()), PRIORITIZED),
-    Kernel("priorities", "priority_update", _every(_i64(), _f64(), 0, 1, _i64(), np.zeros(1, np.bool_)), PRIORITIZED),
     Kernel("lz4", "gather", lambda: _both(lambda: (_i64(), _u8())) + _decode_file()),
     Kernel("lz4_encode", "encode_frames", _every(_ro(_u8()), 1, 8, _u8(64), 0, _i64(1, 2), 8), COMPRESSED),
     Kernel("lz4_encode", "check_frames", _every(_ro(_u8()), 1, 8, _u8(64), _i64(1, 2), 1), COMPRESSED),
