@@ -125,7 +125,9 @@ class FrameLayout:
         if self.stack == 1 or self.axis == "first":
             return stacked.reshape(b, *self.obs_shape)
         split = stacked.reshape(b, self.stack, *self._split[:-2], self._split[-1])  # (B, k, H, W, c)
-        return np.ascontiguousarray(np.moveaxis(split, 1, -2)).reshape(b, *self.obs_shape)
+        if isinstance(split, np.ndarray):
+            return np.ascontiguousarray(np.moveaxis(split, 1, -2)).reshape(b, *self.obs_shape)
+        return split.movedim(1, -2).reshape(b, *self.obs_shape)  # a tensor (on the device: the feed's)
 
 
 # -- the store's lifetime -------------------------------------------------------------------------------
@@ -140,13 +142,20 @@ class _Handle:
         self.store, self.temp_dir = store, temp_dir
         self.paired = False  # pickled at least once: its last commit is paired with a checkpoint
         self.added_since_pair = 0
+        self.feed: Any = None  # mmreplay.torch.DeviceFeed, for a buffer on a GPU (made at the first sample)
         with _OPEN_LOCK:
             _OPEN[os.path.realpath(store.path)] = weakref.ref(self)
+
+    def drop_feed(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+            self.feed = None
 
     def close(self, commit: bool | None, warn: bool = True) -> None:
         store = self.store
         if store.closed:
             return
+        self.drop_feed()
         if commit is None:
             commit = not self.paired and self.temp_dir is None
             if self.paired and self.added_since_pair and warn:
@@ -385,8 +394,39 @@ class ReplayBuffer(_SB3ReplayBuffer):
                          f" ({'zeros' if self._pad == 'zeros' else 'copies of the newest frame'}).{hint}")
 
     def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples:
-        """``batch_size`` transitions drawn uniformly (seeded) from the store, as SB3 tensors."""
+        """``batch_size`` transitions drawn uniformly (seeded) from the store, as SB3 tensors.
+
+        On a CUDA device (and without ``VecNormalize``, which normalizes numpy arrays) the batches come
+        through ``mmreplay.torch.DeviceFeed``: the next ones are read while the learner computes, sent to
+        the device on a side stream and stacked there; the same rows as ``store.batches(batch_size)``
+        (drawn two batches ahead, so a transition added meanwhile first appears a batch or two later)."""
+        if env is None and self.device.type == "cuda":
+            return self._device_samples(self._device_feed().next(batch_size))
         return self._to_samples(self.store.sample(batch_size), env)
+
+    def _device_feed(self) -> Any:
+        handle = self._handle
+        if handle is None:
+            self.store  # noqa: B018 - raises the error that says why there is no store yet
+        assert handle is not None
+        if handle.feed is None:
+            from .torch import DeviceFeed
+
+            handle.feed = DeviceFeed(handle.store, self.device, prefetch=2)
+        return handle.feed
+
+    def _device_samples(self, batch: Any) -> ReplayBufferSamples:
+        """A ``TensorBatch`` already on the device as SB3's ``ReplayBufferSamples`` (the shapes and dtypes of
+        ``_to_samples``)."""
+        lay = self.layout
+        obs, next_obs = lay.observations(batch.obs), lay.observations(batch.next_obs)
+        if isinstance(self.observation_space, spaces.Discrete):
+            obs, next_obs = obs.reshape(-1, *self.obs_shape), next_obs.reshape(-1, *self.obs_shape)
+        fields: list[Any] = [obs, batch.action, next_obs, batch.terminated.to(th.float32).reshape(-1, 1),
+                             batch.reward.reshape(-1, 1)]
+        if _HAS_DISCOUNTS:
+            fields.append(batch.discount.reshape(-1, 1) if self.n_steps > 1 else None)
+        return ReplayBufferSamples(*fields)
 
     def _to_samples(self, batch: Batch, env: Any = None) -> ReplayBufferSamples:
         """A store ``Batch`` as SB3's ``ReplayBufferSamples`` on ``self.device`` (VecNormalize applied)."""
@@ -411,6 +451,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         """Empty the buffer (``store.clear()``): nothing added so far is sampled again."""
         super().reset()
         if self._handle is not None:
+            self._handle.drop_feed()  # (its drawn batches hold rows being cleared)
             self.store.clear()
         self._next = [None] * self.n_envs
 

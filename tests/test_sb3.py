@@ -185,6 +185,20 @@ def check_buffer(buf, sure, maybe):
     assert s.observations.dtype == buf.to_torch(np.zeros(1, buf.observation_space.dtype)).dtype
     assert set(sample_keys(s, buf.n_steps)) <= set(sure + maybe)
     assert (s.discounts is None) == (buf.n_steps == 1)
+    # the GPU path's conversion (DeviceFeed's tensors to SB3's samples), run here on CPU tensors: tensor for
+    # tensor what the host path makes of the same rows
+    import torch
+
+    batch = buf._device_feed().next(64)
+    d = buf._device_samples(batch)
+    want = buf._to_samples(buf.store.gather(batch.index.numpy()))
+    for got_t, want_t in zip(d, want, strict=True):
+        if want_t is None:
+            assert got_t is None
+            continue
+        assert got_t.dtype == want_t.dtype and got_t.shape == want_t.shape
+        assert torch.equal(got_t, want_t)
+    buf._handle.drop_feed()
 
 
 # -- stacked Atari frames --------------------------------------------------------------------------------
