@@ -15,10 +15,9 @@ import pytest
 from compression_helpers import atari_frames
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_crew import atari_store, damaged_slots, damaged_store
+from test_crew import _finished_by_helpers, atari_store, damaged_slots, damaged_store
 
 import mmreplay as mr
-from mmreplay.native import crew
 from mmreplay.reader import FrameReader, PostGate
 
 
@@ -47,16 +46,6 @@ def _reference(store: mr.ReplayStore) -> FrameReader:
     return FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)  # numpy / numcodecs, one thread
 
 
-def _finished_by_helper(helper: crew.Crew, task: tuple[int, int]) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done = int(helper.ctl[crew.DONE])
-        if done >> crew.SEQ_SHIFT == task[0] and done & crew.LOW == task[1]:
-            return True
-        time.sleep(0.001)
-    return False
-
-
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["raw", "lz4"]), b=st.integers(1, 40), chunks=st.integers(1, 64),
        wait=st.booleans(), seed=st.integers(0, 2**16))
@@ -72,7 +61,7 @@ def test_a_posted_read_is_the_one_thread_read(stores, kind, b, chunks, wait, see
             posted = reader.post_stacks(plan.obs_slots, plan.next_slots)
             assert posted is not None
             if wait:  # the helper reads every row; the join only waits
-                assert _finished_by_helper(posted.helper, posted.task)
+                assert _finished_by_helpers(posted.helper, posted.task)
             got = reader.join_stacks(posted)
             want = one.stacks(plan.obs_slots, plan.next_slots)
             for g, w in zip(got, want, strict=True):
