@@ -23,6 +23,7 @@ system time). Uniform ``sample()`` and prioritized ``sample()`` + ``update_prior
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -95,6 +96,9 @@ def run_pair(kind: str, compression: str, python: str, scratch: str, workload: s
                            **{f"{n}_{k}": statistics.median(w[k] for w in got[n])
                               for n in got for k in ("rate", "cpu_per_batch", "cpu_share")}}
                     rows.append(row)
+                    if args.json:
+                        with open(args.json, "w") as f:
+                            json.dump(rows, f, indent=1)
                     log(f"  {kind} {compression} {cond} B={batch}: mmreplay {row['mmreplay_rate']:,.0f}/s "
                         f"({row['mmreplay_cpu_per_batch'] * 1e6:,.0f} us CPU), cpprb {row['cpprb_rate']:,.0f}/s "
                         f"({row['cpprb_cpu_per_batch'] * 1e6:,.0f} us CPU): x{ratio:.2f}")
@@ -161,8 +165,6 @@ LEARNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers", "lea
 def learner(workload: str, args: argparse.Namespace) -> dict[str, Any]:
     """A DQN-style loop (sample 32, a small one-thread PyTorch update) on mmreplay and on an in-RAM numpy ring,
     each in its own process, in alternating windows, beside ``args.busy`` CPU-bound processes."""
-    import json
-
     procs = {k: subprocess.Popen([sys.executable, LEARNER, k, str(args.capacity), workload], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True) for k in ("mmreplay", "numpy")}
 
@@ -266,6 +268,7 @@ def main() -> None:
     ap.add_argument("--no-limits", action="store_true", help="skip the decode/copy limit measurement")
     ap.add_argument("--learner", action="store_true", help="also the DQN-style loop against a numpy ring")
     ap.add_argument("--only-learner", action="store_true", help="only the DQN-style loop")
+    ap.add_argument("--json", default=None, help="also write every row to this JSON file, as it is measured")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -284,7 +287,10 @@ def main() -> None:
                     run_pair(kind, compression, python, scratch, workload, args, rows)
             lim = None if args.no_limits else limits(min(args.capacity, 50_000))
         if args.learner or args.only_learner:
-            learn = learner(workload, args)
+            try:
+                learn = learner(workload, args)
+            except (RuntimeError, OSError) as exc:  # the rest of the run is still worth its report
+                log(f"the learner loop failed: {exc}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     body = report(rows, lim, args, (time.time() - t0) / 60, learn)
