@@ -259,8 +259,9 @@ class ChunkLog:
         """Write one frame of the open chunk through the file (``pwrite``), not the mapping.
 
         The first store into each page of a fresh shared mapping costs a page fault; writing
-        through the file descriptor costs one system call per frame instead (~2x faster for
-        Atari frames). The mapping sees the data at once: both share the page cache.
+        through the file descriptor costs one system call per frame instead, which is cheaper for
+        frames of a few pages (BENCHMARKS.md "Figures behind the code"). The mapping sees the data at once: both share the
+        page cache.
         """
         offset = npyfile.HEADER_BYTES + (slot % self.schema.rows_alloc) * self.frame_bytes
         os.pwrite(self.obs_fd, frame.data, offset)

@@ -45,16 +45,15 @@ class PostedStacks:
 class FramePool:
     """Recycles the memory of obs/next_obs outputs the caller no longer references.
 
-    A fresh 2 MB output per batch costs page faults and zeroing on every call (glibc serves
-    such sizes with a new mmap each time) - as much as the gather itself. A buffer is reused
+    A fresh output of megabytes per batch costs page faults and zeroing on every call (glibc serves
+    such sizes with a new mmap each time), about as much as the gather itself. A buffer is reused
     only when this pool holds the sole reference to it: a batch array still alive anywhere
     (also as the base of a view, or wrapped by ``torch.from_numpy``) keeps its buffer out.
 
     How many buffers are alive at once depends on the caller: a ``sample()`` loop needs two
     (the batch in use, the one being filled), ``batches(prefetch=p)`` up to ``p + 3`` (queued
     batches hold theirs), a learner that keeps the previous batch one more. A fixed count
-    (there were 4) fails as soon as the caller needs more: every batch then pays a new
-    allocation. So the pool tracks every buffer it handed out that is still alive (up to
+    fails as soon as the caller needs more: every batch then pays a new allocation. So the pool tracks every buffer it handed out that is still alive (up to
     ``max_count``), and limits only what it keeps alive itself: free buffers beyond
     ``max_free_bytes`` are let go (oldest first), so a change of batch size does not pin the
     old size's buffers.
