@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -71,11 +72,14 @@ def check_rows(b: mr.Batch) -> int:
     return len(b)
 
 
-def _reader(path: str, seconds: float, seed: int, q: mp.Queue) -> None:
+def _reader(path: str, seconds: float, seed: int, q: mp.Queue, writing: Any = None) -> None:
+    """Sample for ``seconds``, and on while ``writing`` (an event) is set: a writer slow to start on a busy
+    machine still commits while the readers look."""
     r = mr.ReplayStore.open(path, mode="r", seed=seed)
     rows = refreshes = 0
     end = time.time() + seconds
-    while time.time() < end:
+    give_up = end + 120
+    while time.time() < end or (writing is not None and writing.is_set() and time.time() < give_up):
         if r.refresh():
             refreshes += 1
         if len(r):
@@ -119,11 +123,14 @@ def test_reader_processes_while_a_writer_appends(tmp_path):
     _writer(path, 200, 50)  # something to sample from the start
     ctx = mp.get_context("spawn")
     q: mp.Queue = ctx.Queue()
-    readers = [ctx.Process(target=_reader, args=(path, 3.0, seed, q)) for seed in (1, 2)]
+    writing = ctx.Event()
+    writing.set()
+    readers = [ctx.Process(target=_reader, args=(path, 3.0, seed, q, writing)) for seed in (1, 2)]
     writer = ctx.Process(target=_writer, args=(path, 4000, 40))
     for p in readers + [writer]:
         p.start()
-    writer.join(60)
+    writer.join(120)
+    writing.clear()
     for p in readers:
         p.join(60)
     assert writer.exitcode == 0 and all(p.exitcode == 0 for p in readers)
