@@ -211,7 +211,8 @@ def learner(workload: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def report(rows: list[dict[str, Any]], lim: dict[str, float] | None, args: argparse.Namespace, minutes: float,
            learn: dict[str, Any] | None = None) -> str:
-    out = [f"Capacity {args.capacity:,}, the reference workload (real Atari frames, stack 4, n-step 3), mmreplay "
+    out = ["## CPU cost: a batch against cpprb, idle, pinned to one core, beside busy processes", "",
+           f"Capacity {args.capacity:,}, the reference workload (real Atari frames, stack 4, n-step 3), mmreplay "
            f"against cpprb's {'n-step' if args.variant == 'nstep' else '1-step'} buffer, each in its own long-lived "
            f"process, sampled in alternating {args.seconds:g} s windows ({args.rounds} each; medians). "
            "*CPU/1k* is CPU-seconds per 1,000 batches (every thread of the process, user + system). "
