@@ -293,7 +293,7 @@ class FrameReader:
 
     Cold data: a plain gather faults pages in one at a time. Requesting all of a batch's
     frame runs first (``request``) keeps many reads in flight, but costs per batch
-    when the pages are cached. ``prefetch_io="auto"`` therefore counts the process's major page
+    when the pages are cached. ``prefetch_io="auto"`` therefore counts the calling thread's major page
     faults (faults that had to wait for the disk) during a plain gather: from ``COLD_FAULTS`` on,
     batches are requested first; every ``PROBE_EVERY`` such batches one goes without, to notice
     the data turning warm again. (Counting faults, not timing, keeps a busy CPU from looking cold.)
@@ -329,7 +329,9 @@ class FrameReader:
         self._ring_fields: np.ndarray | None = None  # the ring's part of a task's fields
         self._gate = PostGate()
         self._reads = 0
-        self._cpus = self.threads  # threads that may read at once now: min(threads, usable CPUs)
+        self._cpus = min(self.threads, usable_cpus())  # threads that may read at once now
+        if self._crew is not None:
+            self._crew.limit(self._cpus - 1)
 
     def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
