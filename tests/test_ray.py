@@ -196,7 +196,7 @@ def test_a_graceful_shutdown_commits(cluster, tmp_path):
 
 def test_an_actor_ray_restarts_resumes_its_store_from_the_last_commit(cluster, tmp_path):
     """Ray's automatic restart (max_restarts) re-runs __init__ with the create() arguments: the actor
-    opens the store its first life created instead of dying on create() (issue 25, item 8)."""
+    opens the store its first life created instead of dying on create()."""
     from mmreplay.ray import RemoteWriter, ReplayActor
 
     ray = cluster
@@ -210,19 +210,28 @@ def test_an_actor_ray_restarts_resumes_its_store_from_the_last_commit(cluster, t
         w.step(0, 1.0, frames[t + 1], False, False)
     w.flush()
     assert ray.get(actor.commit.remote()) == 1
-    ray.kill(actor, no_restart=False)
+    import os
     import time
 
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            stats = ray.get(actor.stats.remote(), timeout=30)
-            break
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    first_pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
+    ray.kill(actor, no_restart=False)
+
+    def through_restart(call):  # noqa: ANN001, ANN202 - a call to the actor, retried while Ray restarts it
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return ray.get(call(), timeout=30)
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    deadline = time.monotonic() + 60  # (the kill is asynchronous: calls may still reach the first life)
+    while through_restart(lambda: actor.__ray_call__.remote(lambda _: os.getpid())) == first_pid:
+        assert time.monotonic() < deadline, "Ray did not restart the actor"
+        time.sleep(0.2)
+    stats = through_restart(lambda: actor.stats.remote())  # the second life opened the committed store
     assert stats["id_range"] == (0, 20)
-    ray.get(actor.close.remote())
+    through_restart(lambda: actor.close.remote())
     with mr.ReplayStore.open(path, mode="r") as s:
         assert s.id_range == (0, 20) and s.verify() == []
