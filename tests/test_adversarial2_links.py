@@ -1,4 +1,4 @@
-"""Planted links and special files (issue 25, item 3): nothing outside the store is created, read or
+"""Planted links and special files: nothing outside the store is created, read or
 written through a link planted in it (the manifest, the rate-limit files, the writer's temp names), and a
 ``manifest.json`` or a zarr ``zarr.json`` that is a FIFO, ``/dev/zero`` or a huge sparse file is refused
 quickly with a typed error by ``open()``, ``verify``, ``mmreplay info`` and ``import_dataset``."""

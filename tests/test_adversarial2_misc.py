@@ -1,4 +1,4 @@
-"""Smaller defects of issue 25, item 8: a frame record pointing into the record table, import/export
+"""Smaller defects: a frame record pointing into the record table, import/export
 leftovers of a killed process, a forged schema under an address-space limit, can_sample() vs sample()."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The rate-limit counters file under attack (issue 25, item 5): a flipped bit is refused or repaired,
+"""The rate-limit counters file under attack: a flipped bit is refused or repaired,
 never counted or committed; a process stopped while holding the counters' lock makes the others wait at
 most their timeout; a file deleted and recreated while processes run is detected instead of splitting
 the counts."""

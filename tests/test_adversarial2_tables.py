@@ -1,5 +1,5 @@
 """``to_arrow()``/``to_pandas()``'s ``step`` column after a reopen equals what the writing store said,
-also for episodes whose first chunks were retired (issue 25, item 9)."""
+also for episodes whose first chunks were retired."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Files truncated by another process while stores have them mapped (issue 25, item 4): the rate-limit
+"""Files truncated by another process while stores have them mapped: the rate-limit
 counters, a sealed compressed frame file, a sealed column, the open chunk. The next use of the counters,
 ``commit()`` and a reader's ``refresh()`` raise ``CorruptStoreError`` instead of reading past the new end
 (a SIGBUS, which kills the process). Everything runs in a child process, so a SIGBUS fails the test

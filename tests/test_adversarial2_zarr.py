@@ -1,5 +1,5 @@
-"""A zarr export missing one object (an interrupted copy) is refused, never imported as zeros (issue 25,
-item 6; the same on the S3 test server: test_remote.py)."""
+"""A zarr export missing one object (an interrupted copy) is refused, never imported as zeros (the
+same on the S3 test server: test_remote.py)."""
 
 from __future__ import annotations
 

@@ -208,7 +208,7 @@ def _installed(module: str) -> bool:
 
 @pytest.mark.parametrize("array", ["observations", "rewards", "actions", "episodes/final_missing"])
 def test_a_zarr_export_missing_one_object_on_s3_is_refused_not_read_as_zeros(s3, store, tmp_path, array):
-    """An interrupted copy (one shard object lost) must not import as zeros (issue 25, item 6)."""
+    """An interrupted copy (one shard object lost) must not import as zeros."""
     options, fs = s3
     url = f"s3://{BUCKET}/lost-{array.replace('/', '-')}/d.zarr"
     export(store, url, storage_options=options, progress=False, shard_bytes=4096)
