@@ -231,6 +231,34 @@ def test_atari_stacks_round_trip(sb3, spaces, tmp_path, n_envs, n, pad, axis, st
         buf.close()
 
 
+def test_cuda_samples_are_the_host_paths(sb3, spaces, tmp_path):
+    """On a CUDA device ``sample()`` takes the device feed: its tensors are on the GPU and equal, tensor for
+    tensor, what the host path makes of the same rows."""
+    torch = require("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none here): check_buffer runs the same conversion on CPU tensors")
+    rng = np.random.default_rng(3)
+    streams = [atari_segments(e, 6, rng) for e in range(2)]
+    buf = sb3.ReplayBuffer(10_000, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cuda",
+                           n_envs=2, n_steps=3, gamma=GAMMA, path=tmp_path / "s", chunk_size=256)
+    with _closing(buf):
+        steps = min(sum(s.T for s in segs) for segs in streams) - 3
+        sure, maybe = feed(buf, streams, 4, "zeros", "first", "sb3", steps, 3, GAMMA)
+        for _ in range(5):
+            s = buf.sample(64)
+            assert all(t.device.type == "cuda" for t in s if t is not None)
+            host = type(s)(*(None if t is None else t.cpu() for t in s))
+            assert set(sample_keys(host, 3)) <= set(sure + maybe)
+        batch = buf._device_feed().next(64)
+        got = buf._device_samples(batch)
+        want = buf._to_samples(buf.store.gather(batch.index.cpu().numpy()))
+        for got_t, want_t in zip(got, want, strict=True):
+            assert (got_t is None) == (want_t is None)
+            if want_t is not None:
+                assert got_t.dtype == want_t.dtype and got_t.shape == want_t.shape
+                assert torch.equal(got_t.cpu(), want_t.cpu())
+
+
 def test_timeouts_as_terminations_without_handling(sb3, spaces, tmp_path):
     rng = np.random.default_rng(5)
     streams = [atari_segments(0, 8, rng)]

@@ -9,7 +9,8 @@ Ways, in alternating windows in one process (each ratio: median over rounds of t
 - ``sample``: ``store.sample(B)`` + ``to_tensors`` + ``.to(device)``;
 - ``batches2``: ``store.batches(B, prefetch=2)`` + ``to_tensors`` + ``.to(device)``;
 - ``feed``: ``mmreplay.torch.device_batches(store, B, device, prefetch=2)`` (the target: >= 0.95 of
-  ``on-device``).
+  ``on-device``); also timed: the learner thread's CPU time in ``next()`` per batch, and the feed's own rate
+  with no learner (``feed-only``: what it can supply).
 
 Learner: the Nature DQN (3 conv + 512 fc, 6 actions) on uint8 84x84x4 stacks / 255, Adam (lr 1e-4), Huber
 loss, a target network synced every 1,000 updates, TF32 matmuls and convolutions, one update per batch.
@@ -45,7 +46,8 @@ import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import TensorBatch, device_batches, to_tensors  # noqa: E402
 
-WAYS = ("alone", "on-device", "sample", "batches2", "feed")
+WAYS = ("alone", "on-device", "sample", "batches2", "feed", "feed-only")
+RATIO_WAYS = WAYS[:5]
 
 
 def nature_dqn(actions: int = 6) -> nn.Module:
@@ -118,11 +120,12 @@ def window(step: Callable[[], Any], seconds: float, device: torch.device) -> flo
 
 
 def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.device, rounds: int,
-              seconds: float) -> dict[str, list[float]]:
+              seconds: float) -> tuple[dict[str, list[float]], list[float]]:
     learner = Learner(device)
     fixed = to_tensors(store.sample(b), as_dict=False).to(device)  # type: ignore[union-attr]
     on_device = OnDevice(pool, b, device)
     out: dict[str, list[float]] = {w: [] for w in WAYS}
+    next_cpu: list[float] = []  # the learner thread's CPU seconds per next() of the feed, per round
     for r in range(rounds):
         for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
             it: Any = None
@@ -140,16 +143,30 @@ def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.dev
 
                 def step() -> None:
                     learner.update(to_tensors(next(it), as_dict=False).to(device))  # type: ignore[union-attr]  # noqa: B023
+            elif way == "feed":
+                it = device_batches(store, b, device, prefetch=2)
+                spent = [0.0, 0]
+
+                def step() -> None:
+                    t = time.thread_time()
+                    tb = next(it)  # noqa: B023
+                    spent[0] += time.thread_time() - t  # noqa: B023
+                    spent[1] += 1  # noqa: B023
+                    learner.update(tb)
             else:
                 it = device_batches(store, b, device, prefetch=2)
 
                 def step() -> None:
-                    learner.update(next(it))  # noqa: B023
+                    tb = next(it)  # noqa: B023
+                    tb.obs.view(-1)[:1].add_(0)  # a token of use, ordered after the copy
             out[way].append(window(step, seconds, device))
+            if way == "feed":
+                next_cpu.append(spent[0] / spent[1])
             if it is not None:
                 it.close()
-        log(f"B={b} round {r}: " + ", ".join(f"{w} {out[w][-1]:.0f}/s" for w in WAYS))
-    return out
+        log(f"B={b} round {r}: " + ", ".join(f"{w} {out[w][-1]:.0f}/s" for w in WAYS)
+            + f"; next() {next_cpu[-1] * 1e6:.0f} us CPU")
+    return out, next_cpu
 
 
 def main() -> None:
@@ -184,10 +201,13 @@ def main() -> None:
         rows = []
         with mr.ReplayStore.open(path, "r", seed=0) as store:
             for b in sizes:
-                r = rates_for(store, pool, b, device, args.rounds, args.seconds)
-                ratio = {w: statistics.median(x / o for x, o in zip(r[w], r["on-device"], strict=True)) for w in WAYS}
+                r, next_cpu = rates_for(store, pool, b, device, args.rounds, args.seconds)
+                ratio = {w: statistics.median(x / o for x, o in zip(r[w], r["on-device"], strict=True))
+                         for w in RATIO_WAYS}
                 rows.append([str(b)] + [f"{statistics.median(r[w]):.0f}" + ("" if w in ("alone", "on-device")
-                                                                          else f" ({ratio[w]:.2f})") for w in WAYS])
+                                                                          else f" ({ratio[w]:.2f})")
+                                        for w in RATIO_WAYS]
+                            + [f"{statistics.median(r['feed-only']):.0f}", f"{statistics.median(next_cpu) * 1e6:.0f}"])
                 log(f"B={b}: {ratio}")
             capacity = store.capacity
     finally:
@@ -201,7 +221,9 @@ def main() -> None:
         f" already on the device (target for the feed: >= 0.95). Store: capacity {capacity:,}, the repository's"
         " Atari episodes, stack 4, n-step 3, compressed.",
         table(["batch", "learner alone", "frames on the device", "`sample()` + `.to()`", "`batches(2)` + `.to()`",
-               "`device_batches` (feed)"], rows),
+               "`device_batches` (feed)", "feed, no learner (batches/s)", "feed `next()`: learner CPU us"], rows),
+        f"CPU: {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), reader threads as the store chooses"
+        f" them. Command: `python tools/bench_gpu.py --rounds {args.rounds} --seconds {args.seconds:g}`.",
     ])
     print(body)
     if device.type == "cuda" and not args.no_write:
