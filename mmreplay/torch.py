@@ -324,6 +324,13 @@ class Copier:
     def consume(self, handle: Any, tensors: list[torch.Tensor]) -> None:
         return None
 
+    def send(self, host: torch.Tensor, fn: Any) -> tuple[Any, Any, Any]:
+        """``copy(host)`` then ``build(lambda: fn(device_tensor))``: ``(fn's result, the copy's handle, the
+        build's handle)``."""
+        dev, copied = self.copy(host)
+        out, ready = self.build(lambda: fn(dev))
+        return out, copied, ready
+
 
 class CudaCopier(Copier):
     """Non-blocking copies on a side stream of ``device``; events mark their completion."""
@@ -348,6 +355,17 @@ class CudaCopier(Copier):
             event = torch.cuda.Event()
             event.record(self.stream)
         return out, event
+
+    def send(self, host: torch.Tensor, fn: Any) -> tuple[Any, Any, Any]:
+        # one stream context and one event: the build is ordered after the copy on the side stream, so its
+        # event also says the host bytes were read (the buffer is free a gather later, microseconds)
+        with torch.cuda.stream(self.stream):
+            dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+            dev.copy_(host, non_blocking=True)
+            out = fn(dev)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return out, event, event
 
     def done(self, handle: Any) -> bool:
         return bool(handle.query())
@@ -458,6 +476,7 @@ class DeviceBatches(Iterator[Any]):
                 warnings.warn("device_batches(pin_memory=True): no accelerator is available, batches are not"
                               " pinned", stacklevel=3)
         self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
+        self._layouts: dict[Any, _Layout] = {}
         self._local = threading.local()
         frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
@@ -519,52 +538,33 @@ class DeviceBatches(Iterator[Any]):
     def _send(self, batch: Any, slot: _Slot) -> Any:
         """Pack ``batch`` behind its frames in ``slot``, copy it to the device, gather the stacks there."""
         assert self.ring is not None and self.copier is not None
-        names = _FEED_SEQUENCE if self.sequences else _FEED_BATCH
-        parts: list[tuple[str, Any]] = []
+        cols = _columns(batch, _FEED_SEQUENCE if self.sequences else _FEED_BATCH)
+        fr = batch.frames
+        # a feed's batches share a layout but for the number of distinct frames, which only moves its start
+        key = (fr.shape[1:], fr.dtype, batch.obs_index.shape, tuple((name, a.dtype, a.shape) for name, a in cols))
+        lay = self._layouts.get(key)
+        if lay is None:
+            if len(self._layouts) >= 64:  # (sequences: shapes vary with the draw)
+                self._layouts.clear()
+            lay = self._layouts[key] = _Layout(self.host_stacks, self.sequences, fr, batch.obs_index, cols)
+        head = 0 if self.host_stacks else _align(fr.nbytes)
+        array = self.ring.reserve(slot, head + lay.size, keep=head)
         if self.host_stacks:  # stacks built here from the distinct frames, into the buffer (np.take: one pass)
-            fr = batch.frames
-            parts.append(("obs", _Take(fr, batch.obs_index)))
+            stacks = (batch.obs_index,) if self.sequences else (batch.obs_index, batch.next_index)
+            for (off, n), index in zip(lay.stacks, stacks, strict=True):
+                np.take(fr, index, axis=0, out=array[off:off + n].view(fr.dtype).reshape(index.shape + fr.shape[1:]))
+        else:  # the frames are already at the buffer's start (frame_buffer); both stacks' positions, adjacent
+            n = batch.obs_index.nbytes
+            array[head:head + n] = batch.obs_index.reshape(-1).view(np.uint8)
             if not self.sequences:
-                parts.append(("next_obs", _Take(fr, batch.next_index)))
-            head = 0
-        else:  # the frames are already at the buffer's start (frame_buffer)
-            head = _align(batch.frames.nbytes)
-            parts.append(("obs_index", batch.obs_index))
-            if not self.sequences:
-                parts.append(("next_index", batch.next_index))
-        parts += _columns(batch, names)
-        offsets = []
-        end = head
-        for _, a in parts:
-            offsets.append(end)
-            end = _align(end + a.nbytes)
-        array = self.ring.reserve(slot, end, keep=head)
-        for (_, a), off in zip(parts, offsets, strict=True):
-            if isinstance(a, _Take):
-                np.take(a.frames, a.index, axis=0, out=array[off:off + a.nbytes].view(a.dtype).reshape(a.shape))
-            else:
-                array[off:off + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+                array[head + n:head + 2 * n] = batch.next_index.reshape(-1).view(np.uint8)
+        for (_, a), (off, n) in zip(cols, lay.cols, strict=True):
+            array[head + off:head + off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         assert slot.host is not None
-        dev, copied = self.copier.copy(slot.host[:end])
+        values, copied, ready = self.copier.send(slot.host[:head + lay.size],
+                                                 lambda dev: lay.unpack(dev, head, fr.shape[0]))
         self.ring.give(slot, copied)
-        frames_shape = tuple(batch.frames.shape) if head else ()
-        frames_dtype = batch.frames.dtype if head else None
-
-        def build() -> dict[str, torch.Tensor]:
-            values = {}
-            for (name, a), off in zip(parts, offsets, strict=True):
-                values[name] = dev[off:off + a.nbytes].view(_torch_dtype(a.dtype)).view(a.shape)
-            if head:
-                assert frames_dtype is not None
-                frames = dev[:int(np.prod(frames_shape)) * frames_dtype.itemsize].view(_torch_dtype(frames_dtype))
-                frames = frames.view(frames_shape)
-                values["obs"] = frames[values.pop("obs_index")]
-                if not self.sequences:
-                    values["next_obs"] = frames[values.pop("next_index")]
-            return values
-
-        values, ready = self.copier.build(build)
-        keep = [dev, values["obs"]] + ([values["next_obs"]] if "next_obs" in values else [])
+        keep = values.pop(_KEEP)
         return _Sent(self._wrap(values), ready, keep)
 
     # the consumer's thread ------------------------------------------------------------------------------
@@ -585,16 +585,62 @@ class DeviceBatches(Iterator[Any]):
         self._it.close()
 
 
-class _Take:
-    """``frames[index]``, to be written into a host buffer by ``np.take`` (one pass)."""
+_KEEP = "_keep"  # unpack's entry: the device tensors the consumer's stream must keep alive
 
-    __slots__ = ("frames", "index", "shape", "dtype", "nbytes")
 
-    def __init__(self, frames: np.ndarray, index: np.ndarray) -> None:
-        self.frames, self.index = frames, index
-        self.shape = tuple(index.shape) + tuple(frames.shape[1:])
-        self.dtype = frames.dtype
-        self.nbytes = int(np.prod(self.shape)) * frames.dtype.itemsize
+class _Layout:
+    """A feed batch's packed layout, offsets from the end of its distinct frames (``head``, 64-byte aligned;
+    0 for host-built stacks, which come first instead): [stacks' positions (or the stacks)] [columns], each
+    part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied buffer."""
+
+    def __init__(self, host_stacks: bool, sequences: bool, frames: np.ndarray, index: np.ndarray,
+                 cols: list[tuple[str, np.ndarray]]) -> None:
+        self.host_stacks = host_stacks
+        self.names = ("obs",) if sequences else ("obs", "next_obs")
+        self.fshape = tuple(frames.shape[1:])
+        self.fdtype = _torch_dtype(frames.dtype)
+        self.frame_bytes = int(np.prod(self.fshape)) * frames.dtype.itemsize
+        self.index_shape = tuple(index.shape)
+        self.index_dtype = _torch_dtype(index.dtype)
+        self.stacks: list[tuple[int, int]] = []  # host stacks: (offset, bytes) of obs (and next_obs)
+        end = 0
+        if host_stacks:
+            nbytes = int(np.prod(self.index_shape + self.fshape)) * frames.dtype.itemsize
+            for _ in self.names:
+                self.stacks.append((end, nbytes))
+                end = _align(end + nbytes)
+        else:
+            end = _align(len(self.names) * index.nbytes)
+        self.positions = len(self.names) * index.nbytes
+        self.cols: list[tuple[int, int]] = []
+        self.dev_cols: list[tuple[str, int, int, torch.dtype, tuple[int, ...] | None]] = []
+        for name, a in cols:
+            self.cols.append((end, a.nbytes))
+            # (a 1-D column needs no reshape: each view is a dispatch on the feeding thread, holding the GIL)
+            self.dev_cols.append((name, end, a.nbytes, _torch_dtype(a.dtype), tuple(a.shape) if a.ndim != 1 else None))
+            end = _align(end + a.nbytes)
+        self.size = end
+
+    def unpack(self, dev: torch.Tensor, head: int, nframes: int) -> dict[str, Any]:
+        """The batch's device tensors: views of ``dev``, but the stacks, one gather from the frames."""
+        values: dict[str, Any] = {}
+        for name, off, n, dtype, shape in self.dev_cols:
+            col = dev[head + off:head + off + n].view(dtype)
+            values[name] = col if shape is None else col.view(shape)
+        if self.host_stacks:
+            shape = self.index_shape + self.fshape
+            for name, (off, n) in zip(self.names, self.stacks, strict=True):
+                values[name] = dev[off:off + n].view(self.fdtype).view(shape)
+            values[_KEEP] = [dev]
+            return values
+        frames = dev[:nframes * self.frame_bytes].view(self.fdtype)
+        frames = frames.view((nframes,) + self.fshape)
+        index = dev[head:head + self.positions].view(self.index_dtype)
+        stacks = torch.index_select(frames, 0, index).view((len(self.names),) + self.index_shape + self.fshape)
+        for name, stack in zip(self.names, stacks.unbind(0), strict=True):
+            values[name] = stack
+        values[_KEEP] = [dev, stacks]
+        return values
 
 
 class _Sent:
