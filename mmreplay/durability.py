@@ -163,6 +163,9 @@ class Durability:
             parts.log.sync_open_chunk()
             gen = self.generation + 1
             body = self.body(parts, gen, self.path, metadata, delta=True)
+            # the body's checksums read the mappings (and seals reaped here read them in the sealer): none
+            # may have read zeros past a truncated file's end (the SIGBUS guard, ``ChunkRing.check_faults``)
+            parts.log.ring.check_faults()
             write_manifest(self.path, body)
         except RateLimitTimeout:
             raise  # nothing was written: the store stays writable

@@ -85,7 +85,8 @@ def supported() -> bool:
 
 
 _state = np.zeros(WORDS, np.int64)  # never freed: the handler may read it until the process ends
-_count = memoryview(_state.data).cast("B").cast("q")  # ``_count[COUNT]``: an int without a numpy scalar
+# ``counter[COUNT]`` is ``count()`` without a call: a Python int, read without a numpy scalar (hot paths)
+counter = memoryview(_state.data).cast("B").cast("q")
 _dfl = _SigAction()  # the default action, which the handler restores to hand a signal on to it
 _lock = threading.Lock()
 _installed = False
@@ -103,7 +104,7 @@ os.register_at_fork(after_in_child=_lock_after_fork)
 
 def count() -> int:
     """How many faults the handler has patched in this process (inherited across fork)."""
-    return int(_count[COUNT])
+    return int(counter[COUNT])
 
 
 def since(seen: int) -> tuple[int, list[int] | None]:
