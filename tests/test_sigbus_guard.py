@@ -233,3 +233,25 @@ print(busguard.supported(), busguard.register(s._parts.log.ring.arrays["obs"].ct
     r = _run(script, tmp_path, env={"NUMBA_DISABLE_JIT": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["False", "-1"]
+
+
+_COUNTERS = _COMMON + r"""
+p = os.path.join(root, "limited")
+w = writer(p, compression=None, rate_limit=mr.RateLimit(4.0, 4, 400.0, timeout=0.0))
+r = mr.ReplayStore.open(p, mode="r")
+r.sample(4)
+truncate(os.path.join(p, "ratelimit.npy"), 0)  # (the counts share one page: a shorter file still maps it)
+attempt("writer step", lambda: w.step(0, 1.0, frames(99), False, False))
+attempt("writer step again", lambda: w.step(0, 1.0, frames(99), False, False))
+attempt("reader sample", lambda: r.sample(4))
+r.close()
+w.close(commit=False)
+print(json.dumps(out))
+"""
+
+
+def test_the_rate_limit_counters_truncated_under_a_writer(tmp_path):
+    got = _result(_run(_COUNTERS, tmp_path))
+    for key in ("writer step", "writer step again", "reader sample"):
+        msg = got[key]
+        assert isinstance(msg, str) and msg.startswith("CorruptStoreError") and "ratelimit.npy: truncated" in msg, msg
