@@ -192,6 +192,11 @@ class Durability:
             parts.log.wait_sealed()
             os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
             body = self.body(parts, gen, target, metadata)
+            try:
+                parts.log.ring.check_faults()  # the body's checksums read the mappings: as in commit()
+            except CorruptStoreError:
+                _undo_snapshot(target, new_dir, gen)
+                raise
             columns = [c.name for c in parts.log.ring.columns]
             body["chunks"] = snapshot.write_snapshot_chunks(self.path, target, body["chunks"], columns, gen)
             saved_at = time.time()

@@ -90,6 +90,7 @@ for key, name, codec, size in cases:
     e.close()
     attempt(f"{key} step", lambda: w.step(0, 1.0, frames(99), False, False))
     attempt(f"{key} commit", w.commit)
+    attempt(f"{key} save", lambda: w.save(p + "_snapshot"))
     attempt(f"{key} other live", lambda: (other.sample(64), other.step(0, 1.0, frames(7), False, False)))
     out[f"{key} other"] = digest(mr.ReplayStore.open(p + "_other", mode="r", seed=7).sample(64)) == expect
     other.close()
@@ -132,7 +133,7 @@ def test_sample_step_and_commit_raise_for_a_file_truncated_under_them(tmp_path):
     for key, name in (("raw sealed", "000000000000.obs.npy"), ("raw open", "000000000002.obs.npy"),
                       ("sealed column", "000000000001.reward.npy"), ("lz4 sealed", "000000000000.obs.lz4")):
         for op in ("reader sample", "reader sample again", "writer sample", "writer sample again", "sequences",
-                   "episodes", "step", "commit"):
+                   "episodes", "step", "commit", "save"):
             _truncated(got[f"{key} {op}"], name)
         assert got[f"{key} other live"] == "ok" and got[f"{key} other"] is True, key  # as before, bit for bit
         assert got[f"{key} reopen"].startswith("CorruptStoreError") and name in got[f"{key} reopen"], key
