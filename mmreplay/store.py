@@ -39,6 +39,7 @@ from .errors import (
     StoreClosedError,
 )
 from .log import ChunkLog
+from .native.busguard import COUNT, counter
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
@@ -83,7 +84,9 @@ def _fault_checked(method: _F) -> _F:
         except Exception:
             self._parts.log.ring.check_faults()
             raise
-        self._parts.log.ring.check_faults()
+        ring = self._parts.log.ring
+        if counter[COUNT] != ring.faults_seen:  # (``check_faults`` inlined: this runs for every batch)
+            ring.check_faults()
         return out
 
     return cast(_F, checked)

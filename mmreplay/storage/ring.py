@@ -130,9 +130,10 @@ class ChunkRing:
         self._files: dict[tuple[int, str], tuple[str, int, int]] = {}
         self._check_at = 0  # where check_intact(most) goes on among the sealed chunks' files
         # The SIGBUS guard (``native/busguard.py``): its slots for this ring's ranges, the fault count as of
-        # the last look, and, once a read faulted in one of them, what to raise from then on.
+        # the last look (-1 once damaged; hot paths compare ``busguard.counter[COUNT]`` with it themselves and
+        # call ``check_faults`` only when they differ), and, once a read faulted in a range, what to raise.
         self._guard_slots: list[int] = []
-        self._faults_seen = busguard.count()
+        self.faults_seen = busguard.count()
         self._damage: str | None = None
         self._allocate(positions)
 
@@ -269,18 +270,18 @@ class ChunkRing:
         so what was read is not the data. Call it after every read or write through the mappings, before
         using the result; once raised it raises again at every call (the store stays damaged). Costs one
         integer comparison while no fault happened in the process."""
-        if counter[COUNT] != self._faults_seen:
+        if counter[COUNT] != self.faults_seen:
             self._faulted()
 
     def _faulted(self) -> None:
         if self._damage is None:
-            now, addresses = busguard.since(self._faults_seen)
+            now, addresses = busguard.since(self.faults_seen)
             if addresses is None:  # more faults than the log keeps: look at every file instead
-                self._faults_seen = now
+                self.faults_seen = now
                 try:
                     self._stat_files(list(self._files))
                 except CorruptStoreError as exc:
-                    self._damage, self._faults_seen = str(exc), -1
+                    self._damage, self.faults_seen = str(exc), -1
                     raise
                 return
             for address in addresses:
@@ -289,9 +290,9 @@ class ChunkRing:
                     self._damage = self._damage_message(where)
                     break
             else:
-                self._faults_seen = now  # faults in other stores' mappings
+                self.faults_seen = now  # faults in other stores' mappings
                 return
-            self._faults_seen = -1  # every later check comes here and raises
+            self.faults_seen = -1  # every later check comes here and raises
         raise CorruptStoreError(self._damage)
 
     def _file_at(self, address: int) -> str | None:
