@@ -256,3 +256,11 @@ def test_the_rate_limit_counters_truncated_under_a_writer(tmp_path):
     for key in ("writer step", "writer step again", "reader sample"):
         msg = got[key]
         assert isinstance(msg, str) and msg.startswith("CorruptStoreError") and "ratelimit.npy: truncated" in msg, msg
+
+
+def test_a_sigbus_sent_by_a_process_still_kills(tmp_path):
+    script = _FOREIGN.split("path = os.path.join(root")[0] + (
+        "import signal\nprint('reading', flush=True)\nos.kill(os.getpid(), signal.SIGBUS)\nprint('survived', flush=True)\n")
+    r = _run(script, tmp_path)
+    assert r.returncode == -signal.SIGBUS, (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "reading" in r.stdout and "survived" not in r.stdout
