@@ -9,25 +9,31 @@ files' sizes would die. Checking every file a batch touches costs more than the 
 
 - A SIGBUS handler (``sigaction`` with ``SA_SIGINFO``) looks at the fault's address. Inside a registered
   range (a ring's reserved address space, ``register``) it maps one anonymous zero page over the faulting
-  page (``MAP_FIXED``), appends the address to a log, adds one to the fault count and returns: the
-  instruction runs again and reads zeros (a write lands in the private page). Anywhere else, or a SIGBUS
-  another process sent, it hands the signal on to the handler it replaced (faulthandler's, when that was
-  enabled first) or, where that was the default action, restores the default and lets the signal kill the
-  process as it would have.
+  page (``MAP_FIXED``; readable, and writable where the range is), appends the address to a log, adds one
+  to the fault count and returns: the instruction runs again and reads zeros (a write lands in the private
+  page). Anywhere else, for a SIGBUS that is not a missing page (``si_code`` other than ``BUS_ADRERR``:
+  a memory error, one sent by a process) or where no page could be mapped, it hands the signal on to the
+  handler it replaced (faulthandler's, when that was enabled first) or, where that was the default action,
+  restores the default and lets the signal kill the process as it would have.
 - Whoever reads through a registered range compares ``count()`` with the count it saw last after each read
   (one integer load on the normal path); when it moved, ``since()`` gives the addresses that faulted, and a
   read that touched its ranges is discarded and reported (``ChunkRing.check_faults``).
 
 The handler is a numba ``cfunc`` (no compiler on the user's machine, cached like the kernels): it needs no
-GIL, allocates nothing and calls only ``mmap``, ``sigaction`` and ``raise`` (through their addresses) and
-saves ``errno``, so it is safe in a signal handler, in any thread (the count and the log are process-wide:
+GIL, allocates nothing and calls only ``mmap``, ``__errno_location`` (it restores ``errno``), ``sigaction``,
+``raise`` (through their addresses) and the handler it replaced, so it is safe in a signal handler, in any thread (the count and the log are process-wide:
 the reader's helper threads fault for the caller). Its state (function addresses, the count, the log, the
 ranges) is one int64 array; the handler finds it through a variable of its own compiled code, set by a call
 with signal number 0, which the kernel never delivers.
 
 Where this is not available, nothing is installed and a truncated file kills a reader as before:
-``NUMBA_DISABLE_JIT=1`` (no cfunc), platforms other than Linux on x86-64 or aarch64 (the layout of
-``siginfo_t`` and ``struct sigaction`` is checked there only), ``MMREPLAY_SIGBUS_GUARD=0``.
+``NUMBA_DISABLE_JIT=1`` (no cfunc), platforms other than Linux on x86-64 or aarch64 (where the layouts of
+``siginfo_t`` and ``struct sigaction`` used here are known), ``MMREPLAY_SIGBUS_GUARD=0``. A SIGBUS handler
+installed after the guard's (a later ``faulthandler.enable()``, a library's) gets the signal first; such a
+handler usually hands it back through the action it replaced, so putting the guard in front again could
+make the two call each other without end: the guard leaves it in place and registers no more ranges
+(``register`` returns -1), and a truncated file kills the process as before. Where the default action was
+put back (``faulthandler.disable()``), the next ``register`` installs the guard again.
 
 Ranges: a slot is filled start first and end last, and emptied end first (the handler matches
 ``start <= address < end``), so a handler running meanwhile never sees half a range. A range is
