@@ -163,6 +163,9 @@ class Durability:
             parts.log.sync_open_chunk()
             gen = self.generation + 1
             body = self.body(parts, gen, self.path, metadata, delta=True)
+            # the body's checksums read the mappings (and seals reaped here read them in the sealer): none
+            # may have read zeros past a truncated file's end (the SIGBUS guard, ``ChunkRing.check_faults``)
+            parts.log.ring.check_faults()
             write_manifest(self.path, body)
         except RateLimitTimeout:
             raise  # nothing was written: the store stays writable
@@ -189,6 +192,11 @@ class Durability:
             parts.log.wait_sealed()
             os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
             body = self.body(parts, gen, target, metadata)
+            try:
+                parts.log.ring.check_faults()  # the body's checksums read the mappings: as in commit()
+            except CorruptStoreError:
+                _undo_snapshot(target, new_dir, gen)
+                raise
             columns = [c.name for c in parts.log.ring.columns]
             body["chunks"] = snapshot.write_snapshot_chunks(self.path, target, body["chunks"], columns, gen)
             saved_at = time.time()

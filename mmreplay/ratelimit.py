@@ -54,6 +54,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
+from .native import busguard
+from .native.busguard import COUNT, counter
 from .options import RateLimit, Schema
 from .snapshot import SNAPSHOT_KEY
 from .storage.files import create_exclusive, open_regular
@@ -131,6 +133,11 @@ class RateLimiter:
         self._readers_fd = -1
         self._mm: mmap.mmap | None = None
         self._need = 0
+        # the SIGBUS guard (``native/busguard.py``): the mapping's slot and span, the fault count as of the
+        # last look, and what to raise once a use of the mapping faulted (the file was truncated)
+        self._guard_slot, self._span = -1, (0, 0)
+        self._faults_seen = busguard.count()
+        self._damage = ""
         self._c: memoryview | None = None
         self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
         self._problem = ""  # why counting is impossible here (a read-only directory), if it is
@@ -181,6 +188,9 @@ class RateLimiter:
             raise CorruptStoreError(f"{path}: unreadable rate-limit counters ({exc}), expected a .npy file of"
                                     f" int64[{SLOTS}]; {_RESTORE}") from None
         self._fd, self._mm = fd, mm
+        base = np.frombuffer(mm, np.uint8).ctypes.data  # (the view is dropped at once: close() can unmap)
+        self._span = (base, base + len(mm))
+        self._guard_slot = busguard.register(base, len(mm), True)
         self._c = memoryview(mm)[offset:offset + 8 * SLOTS].cast("q")
         self._need = offset + 8 * SLOTS  # the file's size the mapping needs
         try:
@@ -306,8 +316,10 @@ class RateLimiter:
         """The counters file is still the store's (not deleted or replaced: counting on would split the
         counts) and still holds the mapped counts (truncated by another process, reading them would be a
         SIGBUS). Checked before every use of the mapping but the writer's store of ``inserted`` in
-        ``step()`` (see ARCHITECTURE.md: truncation)."""
+        ``step()``, which the SIGBUS guard checks after it instead (``_faulted``; ARCHITECTURE.md: truncation)."""
         path = os.path.join(self.root, COUNTERS)
+        if counter[COUNT] != self._faults_seen:
+            self._faulted()
         if st.st_nlink == 0:
             raise CorruptStoreError(
                 f"{path} was deleted or replaced while this store had it open: counting on would split the"
@@ -371,6 +383,8 @@ class RateLimiter:
         ``publish_size``)."""
         self._ins += n
         self._wc[INSERTED] = self._ins
+        if counter[COUNT] != self._faults_seen:  # the store went into a truncated file (the SIGBUS guard)
+            self._faulted()
         return self._ins >= self._size_due
 
     def publish_size(self, size: int) -> None:
@@ -537,12 +551,33 @@ class RateLimiter:
             self._readers_fd = -1
         self._join_readers()
 
+    def _faulted(self) -> None:
+        """A fault was patched by the SIGBUS guard since the last look: raise ``CorruptStoreError`` (from now
+        on at every use) if it was in the counters' mapping, whose file was then truncated under it."""
+        if not self._damage:
+            now, addresses = busguard.since(self._faults_seen)
+            lo, hi = self._span
+            if addresses is not None and not any(lo <= a < hi for a in addresses):
+                self._faults_seen = now  # faults in other mappings
+                return
+            if addresses is None and self._fd >= 0 and os.fstat(self._fd).st_size >= self._need:
+                self._faults_seen = now  # more faults than the log keeps, and this file is whole
+                return
+            path = os.path.join(self.root, COUNTERS)
+            self._damage = (f"{path}: truncated by another process while this store had it mapped: a use of the"
+                            " counts found no data (without the SIGBUS guard the process would have died); nothing"
+                            f" more is counted. {_RESTORE[0].upper()}{_RESTORE[1:]}")
+            self._faults_seen = -1
+        raise CorruptStoreError(self._damage)
+
     def close(self) -> None:
         if self._c is not None:
             if self.writer and self._c[WRITER_PID] == os.getpid():
                 self._c[WRITER_PID] = 0
             self._c.release()
             self._c = None
+        busguard.unregister(self._guard_slot)  # before unmapping: the addresses may be reused
+        self._guard_slot = -1
         if self._mm is not None:
             self._mm.close()
             self._mm = None

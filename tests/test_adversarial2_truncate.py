@@ -2,8 +2,8 @@
 counters, a sealed compressed frame file, a sealed column, the open chunk. The next use of the counters,
 ``commit()`` and a reader's ``refresh()`` raise ``CorruptStoreError`` instead of reading past the new end
 (a SIGBUS, which kills the process). Everything runs in a child process, so a SIGBUS fails the test
-instead of killing pytest. (The residual window, a batch read between the truncation and the next check,
-is documented in ARCHITECTURE.md.)"""
+instead of killing pytest. (A batch read or a step between the truncation and the next check raises
+too: ``test_sigbus_guard.py``.)"""
 
 from __future__ import annotations
 

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import CorruptStoreError
+from ..native import busguard
+from ..native.busguard import COUNT, counter
 from ..native.codes import KIND_LZ4, KIND_NONE, KIND_RAW
 from ..options import Schema
 from . import framefile, npyfile
@@ -127,6 +129,12 @@ class ChunkRing:
         # (seq, column) -> (path, inode, size) of every mapped file, for ``check_intact``
         self._files: dict[tuple[int, str], tuple[str, int, int]] = {}
         self._check_at = 0  # where check_intact(most) goes on among the sealed chunks' files
+        # The SIGBUS guard (``native/busguard.py``): its slots for this ring's ranges, the fault count as of
+        # the last look (-1 once damaged; hot paths compare ``busguard.counter[COUNT]`` with it themselves and
+        # call ``check_faults`` only when they differ), and, once a read faulted in a range, what to raise.
+        self._guard_slots: list[int] = []
+        self.faults_seen = busguard.count()
+        self._damage: str | None = None
         self._allocate(positions)
 
     # -- geometry ---------------------------------------------------------------------------------------
@@ -157,6 +165,8 @@ class ChunkRing:
         else:
             self.comp_bytes = np.zeros(8, np.uint8)
         self.comp_words = self.comp_bytes.view(np.int64)
+        for rng in [*self._ranges.values(), *([self._crange] if self._crange is not None else [])]:
+            self._guard_slots.append(busguard.register(rng.addr, rng.nbytes, self.writable))
 
     def file_path(self, name: str, col: Column) -> str:
         return chunk_file(self.root, name, col.name)
@@ -254,6 +264,62 @@ class ChunkRing:
         st = os.fstat(fd)
         self._files[(seq, column)] = (path, st.st_ino, st.st_size)
 
+    def check_faults(self) -> None:
+        """Raise ``CorruptStoreError`` when a read or write through this ring's mappings since the last call
+        went past the end of a file (truncated by another process): the SIGBUS guard patched it with zeros,
+        so what was read is not the data. Call it after every read or write through the mappings, before
+        using the result; once raised it raises again at every call (the store stays damaged). Costs one
+        integer comparison while no fault happened in the process."""
+        if counter[COUNT] != self.faults_seen:
+            self._faulted()
+
+    def _faulted(self) -> None:
+        if self._damage is None:
+            now, addresses = busguard.since(self.faults_seen)
+            if addresses is None:  # more faults than the log keeps: look at every file instead
+                self.faults_seen = now
+                try:
+                    self._stat_files(list(self._files))
+                except CorruptStoreError as exc:
+                    self._damage, self.faults_seen = str(exc), -1
+                    raise
+                return
+            for address in addresses:
+                where = self._file_at(address)
+                if where is not None:
+                    self._damage = self._damage_message(where)
+                    break
+            else:
+                self.faults_seen = now  # faults in other stores' mappings
+                return
+            self.faults_seen = -1  # every later check comes here and raises
+        raise CorruptStoreError(self._damage)
+
+    def _file_at(self, address: int) -> str | None:
+        """The path of the mapped file holding ``address``, or None when it is not in this ring."""
+        spans = [(rng, self._chunk_bytes(col), col.name) for col in self.columns
+                 if (rng := self._ranges.get(col.name)) is not None]
+        if self._crange is not None:
+            spans.append((self._crange, self.cstride, "obs"))
+        for rng, stride, column in spans:
+            if rng.addr <= address < rng.addr + rng.nbytes and stride:
+                pos = (address - rng.addr) // stride
+                for seq in self.mapped:
+                    if seq % self.positions == pos and (seq, column) in self._files:
+                        return self._files[(seq, column)][0]
+                return f"{self.root} (a chunk no longer mapped)"
+        return None
+
+    def _damage_message(self, path: str) -> str:
+        try:
+            size = f"{os.stat(path).st_size:,} bytes"
+        except OSError:
+            size = "a size unknown"
+        return (f"{path}: truncated (now {size}) while this process had it mapped: a read or write past its new"
+                " end found no data (without the SIGBUS guard the process would have died). Another process"
+                " changed a file of the store: stop every process using the store, run `mmreplay verify"
+                f" {self.root}` and restore the store from a copy or a snapshot")
+
     def check_intact(self, most: int | None = None) -> None:
         """Refuse (``CorruptStoreError``) when a mapped file was truncated since it was mapped (by another
         process: reading its mapping past the new end would kill this one with SIGBUS). One ``stat`` per
@@ -261,6 +327,7 @@ class ChunkRing:
         costs O(1) here and every file is checked within a bounded number of commits. A file whose path
         now names another inode (a writer retired or replaced it) is not this store's to judge: the
         mapping keeps the old inode whole."""
+        self.check_faults()
         keys = list(self._files)
         first = [k for k in keys if k[0] in self._rw]
         rest = [k for k in keys if k[0] not in self._rw]
@@ -268,7 +335,10 @@ class ChunkRing:
             start = self._check_at % len(rest)
             rest = (rest + rest)[start:start + most]
             self._check_at = start + most
-        for key in first + rest:
+        self._stat_files(first + rest)
+
+    def _stat_files(self, keys: list[tuple[int, str]]) -> None:
+        for key in keys:
             path, ino, size = self._files[key]
             try:
                 st = os.stat(path)
@@ -278,7 +348,8 @@ class ChunkRing:
                 raise CorruptStoreError(
                     f"{path}: truncated to {st.st_size:,} bytes while this store had it mapped ({size:,} expected);"
                     " another process changed a file of the store, and reading it now would crash this one"
-                    " (SIGBUS). Close every process using the store and restore it from a copy or a snapshot")
+                    " (SIGBUS). Stop every process using the store, run `mmreplay verify"
+                    f" {self.root}` and restore the store from a copy or a snapshot")
 
     def unmap_chunk(self, seq: int) -> None:
         pos = seq % self.positions
@@ -419,6 +490,9 @@ class ChunkRing:
 
     def close(self) -> None:
         self.arrays = {}
+        for slot in self._guard_slots:  # before unmapping: the addresses may be reused by other mappings
+            busguard.unregister(slot)
+        self._guard_slots = []
         for rng in self._ranges.values():
             rng.close()
         if self._crange is not None:
