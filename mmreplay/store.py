@@ -45,7 +45,7 @@ from .plan import Plan
 from .prefetch import BatchIterator, Draw
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
-from .sampling import PrioritizedSampler, make_sampler
+from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import FrameSequenceBatch, SequenceBatch, assemble_sequence_frames, assemble_sequences
 from .sequences import SequencePlan
@@ -509,8 +509,8 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
-        tree = getattr(self._parts.sampler, "tree", None)  # a prioritized sampler's sum tree
-        if self._parts.log.index.n_valid == 0 or (tree is not None and not float(tree.total) > 0):
+        prio = self._parts.sampler.prioritized
+        if self._parts.log.index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
         return self._limiter is None or self._limiter.can_sample(b)
 
@@ -566,9 +566,9 @@ class ReplayStore:
 
         self._check_open()
         self._sync()
-        sampler = self._parts.sampler
+        prio = self._parts.sampler.prioritized
         return transition_columns(self._parts.log.index, self._parts.log.ring.arrays, self._schema, self.episodes(),
-                                  sampler.priorities if isinstance(sampler, PrioritizedSampler) else None)
+                                  None if prio is None else prio.priorities)
 
     def to_arrow(self) -> Any:
         """The store's transitions as a ``pyarrow.Table``: one row per retained transition with ``id``,
@@ -828,8 +828,8 @@ class ReplayStore:
     @property
     def priority_updates_skipped(self) -> int:
         """How many ids ``update_priorities`` skipped (evicted or not sampleable) since the store was created."""
-        sampler = self._parts.sampler
-        return sampler.skipped_updates if isinstance(sampler, PrioritizedSampler) else 0
+        prio = self._parts.sampler.prioritized
+        return 0 if prio is None else prio.skipped_updates
 
     def _beta_arg(self, beta: Any) -> float | None:
         if beta is None:
@@ -837,12 +837,12 @@ class ReplayStore:
         self._require_prio("beta=")
         return check_beta(beta)
 
-    def _require_prio(self, what: str) -> PrioritizedSampler:
-        sampler = self._parts.sampler
-        if not isinstance(sampler, PrioritizedSampler):
+    def _require_prio(self, what: str) -> Priorities:
+        prio = self._parts.sampler.prioritized
+        if prio is None:
             raise ValueError(f"{what} is for prioritized stores; create the store with"
                              " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
-        return sampler
+        return prio
 
     # -- durability ------------------------------------------------------------------------------------
     @_serialized
