@@ -171,7 +171,7 @@ class Durability:
         self.generation, self.committed_at = gen, body["committed_at"]
         self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         self.state_crcs = body["state_crc32"]
-        parts.log.index.validity_changed = False
+        parts.log.index.validity_committed()
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))
