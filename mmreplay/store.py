@@ -99,7 +99,7 @@ class _RingEvents:
         store = self._store()
         if store is not None:
             store._parts.sampler.ring_resized(size, moves)
-            store._reader.ring_resized(store._parts.log.ring.arrays["obs"])
+            store._reader.ring_resized(store._ring.arrays["obs"])
 
 
 class _Held:
@@ -178,7 +178,7 @@ class ReplayStore:
             self._release()
             raise
         if self._limiter is not None and mode == "r+":
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
         if mode == "r+":
             self._parts.log.remove_strays()
             # the kernels it calls compile while it fills (native/warmup.py), once per kind of store and process
@@ -198,6 +198,8 @@ class ReplayStore:
             log.close()
             raise
         self._parts = Parts(log, sampler, self._drawer, self._limiter)
+        # the log's index and ring, which the calls below read (both live as long as the log)
+        self._index, self._ring = log.index, log.ring
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
@@ -317,7 +319,7 @@ class ReplayStore:
     def id_range(self) -> tuple[int, int]:
         """``(oldest retained id, next id to be issued)``: ids below are evicted, ids at or above never issued."""
         self._check_open()
-        idx = self._parts.log.index
+        idx = self._index
         return idx.oldest_id, idx.next_id
 
     @property
@@ -343,7 +345,7 @@ class ReplayStore:
         """Number of transitions that can be sampled now."""
         self._check_open()
         self._sync()
-        return self._parts.log.index.n_valid
+        return self._index.n_valid
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode={self._mode!r}"
@@ -495,7 +497,7 @@ class ReplayStore:
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
-                                     self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out,
+                                     self._index, (b, 0, False), p, self._limit.on_hand_out,
                                      None if distinct else self._post_draw, guard=self._lock)
 
     # -- rate limiting ---------------------------------------------------------------------------------
@@ -510,7 +512,7 @@ class ReplayStore:
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
         prio = self._parts.sampler.prioritized
-        if self._parts.log.index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
+        if self._index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
         return self._limiter is None or self._limiter.can_sample(b)
 
@@ -535,7 +537,7 @@ class ReplayStore:
         self._check_writable()
         ids = _inputs.ids_array(ids, "ids")
         self._sync()
-        n, dropped = self._parts.log.index.invalidate(ids)
+        n, dropped = self._index.invalidate(ids)
         self._after_validity_change(dropped)
         return n
 
@@ -549,15 +551,15 @@ class ReplayStore:
         """
         self._check_writable()
         self._sync()
-        self._after_validity_change(self._parts.log.index.clear())
+        self._after_validity_change(self._index.clear())
         if self._limiter is not None:
-            self._limiter.reset(self._parts.log.index.n_valid)
+            self._limiter.reset(self._index.n_valid)
 
     def _after_validity_change(self, dropped: np.ndarray) -> None:
         self._parts.sampler.slots_cleared(dropped)
         self._drawer.discard_pending()  # drawn rows may have just been invalidated
         if self._limiter is not None:
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
 
     # -- tables ------------------------------------------------------------------------------------------
     @_serialized
@@ -567,7 +569,7 @@ class ReplayStore:
         self._check_open()
         self._sync()
         prio = self._parts.sampler.prioritized
-        return transition_columns(self._parts.log.index, self._parts.log.ring.arrays, self._schema, self.episodes(),
+        return transition_columns(self._index, self._ring.arrays, self._schema, self.episodes(),
                                   None if prio is None else prio.priorities)
 
     def to_arrow(self) -> Any:
@@ -588,7 +590,7 @@ class ReplayStore:
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()
-        return self._drawer.draw(self._parts.sampler, self._parts.log.index, b, replace, beta, plan)
+        return self._drawer.draw(self._parts.sampler, self._index, b, replace, beta, plan)
 
     def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
@@ -597,7 +599,7 @@ class ReplayStore:
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
-        return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
+        return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
     def _assemble_frame_draw(self, d: Draw, posted: None = None, then: None = None,
@@ -605,7 +607,7 @@ class ReplayStore:
         """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")
-        return assemble_frames(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts,
+        return assemble_frames(d.plan, self._ring.arrays, d.ids.copy(), self._discounts,
                                self._extra_names, self._reader, d.weight, frame_buffer)
 
     def _post_draw(self, d: Draw) -> PostedStacks | None:
@@ -655,14 +657,14 @@ class ReplayStore:
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
-                                     assemble, self._parts.log.index, (b, n, strict),
+                                     assemble, self._index, (b, n, strict),
                                      p, self._limit.on_hand_out, guard=self._lock)
 
     def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")
-        return assemble_sequence_frames(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader,
+        return assemble_sequence_frames(d.plan, self._ring.arrays, self._extra_names, self._reader,
                                         d.weight, frame_buffer)
 
     @_serialized
@@ -677,27 +679,27 @@ class ReplayStore:
         n = _inputs.length_arg(length)
         _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
         self._sync()
-        idx = self._parts.log.index
+        idx = self._index
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
-        return assemble_sequences(plan, self._parts.log.ring.arrays, self._extra_names, self._reader, None)
+        return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
         self._sync()
-        return self._drawer.draw_sequences(self._parts.sampler, self._parts.log.index, b, n, strict, beta)
+        return self._drawer.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
-        return assemble_sequences(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader, d.weight)
+        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight)
 
     @_serialized
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
         self._sync()
-        return self._parts.log.index.valid_ids()
+        return self._index.valid_ids()
 
     @_serialized
     def gather(self, index: Any) -> Batch:
@@ -708,7 +710,7 @@ class ReplayStore:
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
         self._sync()
-        idx = self._parts.log.index
+        idx = self._index
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
 
@@ -723,7 +725,7 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
-        ids = self._parts.log.index.valid_ids()
+        ids = self._index.valid_ids()
         if shuffle:
             np.random.default_rng(seed).shuffle(ids)
         return self._epoch(ids, b, drop_last)
@@ -736,7 +738,7 @@ class ReplayStore:
             with self._lock:  # each batch is a call of its own (not held while the caller has it)
                 self._check_open()
                 self._sync()
-                idx = self._parts.log.index
+                idx = self._index
                 part = part[idx.ids_valid(part)]
                 batch = self._assemble(idx.slots_of(part), part) if part.size else None
             if batch is not None:
@@ -746,7 +748,7 @@ class ReplayStore:
     def current_obs(self) -> np.ndarray:
         """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
         self._check_open()
-        slots, pad = self._parts.log.index.latest_stacks()
+        slots, pad = self._index.latest_stacks()
         frames = self._reader.take(slots)
         frames[pad] = 0
         return frames if self._schema.vector else frames[0]
@@ -757,7 +759,7 @@ class ReplayStore:
         """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
         the ones whose first observation is retained and that have ended."""
         self._check_open()
-        return self._parts.log.index.episodes(self._parts.log.ring.arrays["reward"])
+        return self._index.episodes(self._ring.arrays["reward"])
 
     @_serialized
     def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
@@ -765,13 +767,13 @@ class ReplayStore:
 
         A missing final observation reads as zeros (``table.final_missing``)."""
         self._check_open()
-        return episode_frames(self._parts.log.index, self._reader.take, table, i, start, stop)
+        return episode_frames(self._index, self._reader.take, table, i, start, stop)
 
     @_serialized
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
         self._check_open()
-        return episode_steps(self._parts.log.index, self._parts.log.ring.arrays, self._extra_names, table, i,
+        return episode_steps(self._index, self._ring.arrays, self._extra_names, table, i,
                              start, stop)
 
     # -- priorities ------------------------------------------------------------------------------------
@@ -798,7 +800,7 @@ class ReplayStore:
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
         self._sync()
-        self._parts.log.index.check_ids(ids)
+        self._index.check_ids(ids)
         return prio.priorities(ids)
 
     @property
@@ -913,7 +915,7 @@ class ReplayStore:
         self._check_open()
         if self._mode != "r":
             raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
-        self._parts.log.ring.check_intact()
+        self._ring.check_intact()
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader
@@ -988,15 +990,15 @@ class ReplayStore:
 
     def _sync(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._parts.log.index.sync()
+        new = self._index.sync()
         if new.size:
             self._parts.sampler.added(new)
         if self._limiter is not None and self._limiter.writer:
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
-        plan = self._parts.log.index.plan(slots)
-        return assemble(plan, self._parts.log.ring.arrays, ids, self._discounts, self._extra_names,
+        plan = self._index.plan(slots)
+        return assemble(plan, self._ring.arrays, ids, self._discounts, self._extra_names,
                         self._reader, weight)
 
     def _check_open(self) -> None:
