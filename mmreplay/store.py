@@ -402,22 +402,21 @@ class ReplayStore:
         as zeros and nothing bootstraps from it. A block that breaks a rule raises (``ValueError``,
         ``TypeError``, ``EpisodeStateError``) and appends nothing. Returns the id of the first transition.
         """
+        limit = self._limit
         while True:
             with self._lock:
                 writer = self._check_writable()
                 s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras,
                                              final_missing)
-                lim = self._limiter
-                if lim is None or lim.fits(blk.length):
+                if limit.fits(blk.length):
                     try:
                         first = writer.write_extend(s, blk, bool(final_missing))
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a block of steps") from exc
-                    self._limit.inserted(blk.length)
+                    limit.inserted(blk.length)
                     return first
             # a rate-limited store waits as for blk.length steps, without the lock (see step()); then checks again
-            assert lim is not None
-            lim.inserting(blk.length)
+            limit.inserting(blk.length)
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              **extras: Any) -> None:
@@ -431,24 +430,22 @@ class ReplayStore:
         ``next_obs=None`` (unbatched stores, on a step that ends the episode; for importers): the final
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
+        limit = self._limit
         while True:
             with self._lock:
                 writer = self._check_writable()
-                lim, n = self._limiter, 0
-                if lim is not None:  # the rate limit (StoreLimit.inserting and .inserted, inlined: the hot path)
-                    n = writer.stored_by_next_step() if self._schema.vector else 1
-                if lim is None or lim.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
+                # the transitions the limit counts (only a rate-limited store counts a vector step's open episodes)
+                n = 0 if limit.limiter is None else writer.stored_by_next_step() if self._schema.vector else 1
+                if limit.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
                     try:
                         writer.step(action, reward, next_obs, terminated, truncated, extras)
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a transition") from exc
-                    if lim is not None and n and lim.inserted(n):
-                        self._sync()
+                    limit.inserted(n)
                     return
             # Wait for the readers' samples without the lock: another thread of this process may be the one
             # that samples (an actor thread stepping, a learner thread sampling). Then check again.
-            assert lim is not None
-            lim.inserting(n)
+            limit.inserting(n)
 
     # -- reading ---------------------------------------------------------------------------------------
     @_serialized
