@@ -363,6 +363,11 @@ class Index:
             first_rows = np.full(self.geo.num_envs, seq * self.geo.rows_per_stream, np.int64)
         self.geo.place(seq, first_rows)
 
+    def take_extent(self, seq: int, s: int, row: int) -> int:
+        """Stream ``s``'s rows from ``row`` on go to a free extent of the open chunk ``seq`` (the caller checked
+        one is free); returns the slot of ``row``."""
+        return self.geo.allocate(seq, s, row)
+
     def seal_chunk(self, seq: int, fills: np.ndarray) -> None:
         """Chunk ``seq`` was sealed holding ``fills`` rows of each stream."""
         self.geo.seal(seq, fills)

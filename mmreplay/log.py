@@ -214,11 +214,12 @@ class ChunkLog:
         if self.open_base < 0 or self.index.geo.free_extents(self.chunks[-1].seq) < need.size:
             self._roll()
             need = streams
-        geo, seq = self.index.geo, self.chunks[-1].seq
+        idx, seq = self.index, self.chunks[-1].seq
+        extent = idx.geo.extent
         for s in need.tolist():
             r = int(rows[s])
-            self._run_base[s] = geo.allocate(seq, s, r) - r
-            self._run_end[s] = r + geo.extent
+            self._run_base[s] = idx.take_extent(seq, s, r) - r
+            self._run_end[s] = r + extent
         self._base0, self._end0 = int(self._run_base[0]), int(self._run_end[0])
 
     def finish_row(self, n_transitions: int) -> None:

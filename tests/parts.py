@@ -27,7 +27,7 @@ class Feed:
         if self.rows % RS == 0:
             idx.add_chunk(self.rows // RS, np.array([self.rows]))
         if self.room == 0:
-            self.slot = idx.geo.allocate(self.rows // RS, 0, self.rows)
+            self.slot = idx.take_extent(self.rows // RS, 0, self.rows)
             self.room = idx.geo.extent
         return self.slot
 
