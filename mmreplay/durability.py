@@ -31,7 +31,7 @@ from .index import Index
 from .log import ChunkLog
 from .options import Schema
 from .ratelimit import RateLimiter, initial_files
-from .sampling import PrioritizedSampler, Sampler
+from .sampling import Sampler
 from .statefiles import STATE_DIR, StateDir, checksums, load_state_file, referenced_files, remove_unreferenced
 from .storage.manifest import read_manifest, write_manifest
 
@@ -51,7 +51,7 @@ class Parts:
 
     def counters(self, path: str, ids: Any, settle: bool) -> dict[str, Any]:
         """``ReplayStore.inspect()``'s counters (see there); ``settle``: finish background seals first."""
-        log, sampler = self.log, self.sampler
+        log, prio = self.log, self.sampler.prioritized
         if settle:
             log.wait_sealed()
         out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
@@ -60,13 +60,13 @@ class Parts:
                                "rng": self.drawer.rng.bit_generator.state}
         if self.limiter is not None:
             out["rate_limit"] = self.limiter.counts()
-        if isinstance(sampler, PrioritizedSampler):
-            out.update(priority_total=sampler.total_mass(), priority_slots=sampler.positive_slots(),
+        if prio is not None:
+            out.update(priority_total=prio.total_mass(), priority_slots=prio.positive_slots(),
                        priority_state=read_manifest(path).get("priorities"))
             if ids is not None:
                 ids = _inputs.ids_array(ids)
                 log.index.check_ids(ids)
-                out["priority_masses"] = sampler.masses(ids)
+                out["priority_masses"] = prio.masses(ids)
         return out
 
 
@@ -174,7 +174,7 @@ class Durability:
         self.generation, self.committed_at = gen, body["committed_at"]
         self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         self.state_crcs = body["state_crc32"]
-        parts.log.index.validity_changed = False
+        parts.log.index.validity_committed()
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))

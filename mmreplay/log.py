@@ -146,7 +146,6 @@ class ChunkLog:
         self._run_end = np.zeros(n, np.int64)
         self._open_first = np.zeros(n, np.int64)
         self._base0 = self._end0 = self._rows0 = 0  # stream 0's, as Python ints (the one-stream hot path)
-        self._single = n == 1
         self._all = np.arange(n, dtype=np.int64)
         self.obs_fd = -1  # the open chunk's frame file: frames are written with pwrite (see write_frame)
         self.frame_bytes = schema.frame_bytes
@@ -215,35 +214,23 @@ class ChunkLog:
         if self.open_base < 0 or self.index.geo.free_extents(self.chunks[-1].seq) < need.size:
             self._roll()
             need = streams
-        geo, seq = self.index.geo, self.chunks[-1].seq
+        idx, seq = self.index, self.chunks[-1].seq
+        extent = idx.geo.extent
         for s in need.tolist():
             r = int(rows[s])
-            self._run_base[s] = geo.allocate(seq, s, r) - r
-            self._run_end[s] = r + geo.extent
+            self._run_base[s] = idx.take_extent(seq, s, r) - r
+            self._run_end[s] = r + extent
         self._base0, self._end0 = int(self._run_base[0]), int(self._run_end[0])
 
     def finish_row(self, n_transitions: int) -> None:
         """Account for one row of every stream written, holding ``n_transitions`` transitions."""
-        idx = self.index
-        if self._single:
-            self._rows0 += 1
-            idx.rows[0] = self._rows0
-        else:
-            idx.rows += 1
-            self._rows0 += 1
-        idx.written += self.schema.num_envs
-        idx.next_id += n_transitions
+        self._rows0 = self.index.append_row(n_transitions)
         self.chunks[-1].n_transitions += n_transitions
         self.retained_tx += n_transitions
 
     def finish_run(self, s: int, n_rows: int, n_transitions: int) -> None:
         """Account for ``n_rows`` rows of stream ``s`` written, holding ``n_transitions`` transitions."""
-        idx = self.index
-        idx.rows[s] += n_rows
-        if s == 0:
-            self._rows0 += n_rows
-        idx.written += n_rows
-        idx.next_id += n_transitions
+        self._rows0 = self.index.append_run(s, n_rows, n_transitions)
         self.chunks[-1].n_transitions += n_transitions
         self.retained_tx += n_transitions
 
@@ -534,8 +521,6 @@ class ChunkLog:
               heads: np.ndarray | None = None) -> None:
         log = self
         log.chunks = deque(chunks)
-        log.index.next_id = next_id
-        log.index.oldest_id = chunks[0].first_id if chunks else next_id
         log.retained_tx = sum(c.n_transitions for c in chunks)
         if writable and chunks and not chunks[-1].sealed:
             log._private_open_chunk(chunks[-1])
@@ -549,9 +534,8 @@ class ChunkLog:
             raise CorruptStoreError(f"{os.path.join(self.root, 'manifest.json')}: chunk extents do not fit the"
                                     f" chunks ({exc})") from None
         log.index.restored()
-        log.index.rows[:] = rows
+        log.index.restore_counters(rows, next_id, chunks[0].first_id if chunks else next_id)
         log._rows0 = int(rows[0])
-        log.index.written = int(rows.sum())
         if chunks and not chunks[-1].sealed:
             log._open_first[:] = rows - fill[-1]
             log._run_end[:] = rows

@@ -636,10 +636,17 @@ class StoreLimit:
         """``hand_out`` for a prefetching iterator, or None without a limit (nothing to count)."""
         return None if self.limiter is None else self.hand_out
 
-    def inserting(self, n: int) -> None:
-        """Wait until the rate limit allows ``n`` more transitions (call before storing them)."""
+    def fits(self, n: int) -> bool:
+        """Whether ``n`` more transitions may be stored without waiting, under the bound last computed (the
+        writer's cheap check; always without a limit)."""
         lim = self.limiter
-        if lim is not None and n:
+        return lim is None or lim.fits(n)
+
+    def inserting(self, n: int) -> None:
+        """Wait until the rate limit allows ``n`` more transitions (call before storing them, once ``fits(n)``
+        said no: the wait also recomputes the bound ``fits`` compares with, so asked for 0 it still settles)."""
+        lim = self.limiter
+        if lim is not None:
             lim.inserting(n)
 
     def inserted(self, n: int) -> None:

@@ -46,7 +46,7 @@ from .plan import Plan
 from .prefetch import BatchIterator, Draw
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
-from .sampling import PrioritizedSampler, make_sampler
+from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import FrameSequenceBatch, SequenceBatch, assemble_sequence_frames, assemble_sequences
 from .sequences import SequencePlan
@@ -120,7 +120,7 @@ class _RingEvents:
         store = self._store()
         if store is not None:
             store._parts.sampler.ring_resized(size, moves)
-            store._reader.ring_resized(store._parts.log.ring.arrays["obs"])
+            store._reader.ring_resized(store._ring.arrays["obs"])
 
 
 class _Held:
@@ -199,7 +199,7 @@ class ReplayStore:
             self._release()
             raise
         if self._limiter is not None and mode == "r+":
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
         if mode == "r+":
             self._parts.log.remove_strays()
             # the kernels it calls compile while it fills (native/warmup.py), once per kind of store and process
@@ -219,6 +219,8 @@ class ReplayStore:
             log.close()
             raise
         self._parts = Parts(log, sampler, self._drawer, self._limiter)
+        # the log's index and ring, which the calls below read (both live as long as the log)
+        self._index, self._ring = log.index, log.ring
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
@@ -338,7 +340,7 @@ class ReplayStore:
     def id_range(self) -> tuple[int, int]:
         """``(oldest retained id, next id to be issued)``: ids below are evicted, ids at or above never issued."""
         self._check_open()
-        idx = self._parts.log.index
+        idx = self._index
         return idx.oldest_id, idx.next_id
 
     @property
@@ -364,7 +366,7 @@ class ReplayStore:
         """Number of transitions that can be sampled now."""
         self._check_open()
         self._sync()
-        return self._parts.log.index.n_valid
+        return self._index.n_valid
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"mode={self._mode!r}"
@@ -421,22 +423,21 @@ class ReplayStore:
         as zeros and nothing bootstraps from it. A block that breaks a rule raises (``ValueError``,
         ``TypeError``, ``EpisodeStateError``) and appends nothing. Returns the id of the first transition.
         """
+        limit = self._limit
         while True:
             with self._lock:
                 writer = self._check_writable()
                 s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras,
                                              final_missing)
-                lim = self._limiter
-                if lim is None or lim.fits(blk.length):
+                if limit.fits(blk.length):
                     try:
                         first = writer.write_extend(s, blk, bool(final_missing))
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a block of steps") from exc
-                    self._limit.inserted(blk.length)
+                    limit.inserted(blk.length)
                     return first
             # a rate-limited store waits as for blk.length steps, without the lock (see step()); then checks again
-            assert lim is not None
-            lim.inserting(blk.length)
+            limit.inserting(blk.length)
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              **extras: Any) -> None:
@@ -450,24 +451,22 @@ class ReplayStore:
         ``next_obs=None`` (unbatched stores, on a step that ends the episode; for importers): the final
         observation is not available; it reads as zeros and nothing bootstraps from it.
         """
+        limit = self._limit
         while True:
             with self._lock:
                 writer = self._check_writable()
-                lim, n = self._limiter, 0
-                if lim is not None:  # the rate limit (StoreLimit.inserting and .inserted, inlined: the hot path)
-                    n = writer.stored_by_next_step() if self._schema.vector else 1
-                if lim is None or lim.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
+                # the transitions the limit counts (only a rate-limited store counts a vector step's open episodes)
+                n = 0 if limit.limiter is None else writer.stored_by_next_step() if self._schema.vector else 1
+                if limit.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
                     try:
                         writer.step(action, reward, next_obs, terminated, truncated, extras)
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a transition") from exc
-                    if lim is not None and n and lim.inserted(n):
-                        self._sync()
+                    limit.inserted(n)
                     return
             # Wait for the readers' samples without the lock: another thread of this process may be the one
             # that samples (an actor thread stepping, a learner thread sampling). Then check again.
-            assert lim is not None
-            lim.inserting(n)
+            limit.inserting(n)
 
     # -- reading ---------------------------------------------------------------------------------------
     @_serialized
@@ -516,7 +515,7 @@ class ReplayStore:
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
-                                     self._parts.log.index, (b, 0, False), p, self._limit.on_hand_out,
+                                     self._index, (b, 0, False), p, self._limit.on_hand_out,
                                      None if distinct else self._post_draw, guard=self._lock)
 
     # -- rate limiting ---------------------------------------------------------------------------------
@@ -530,8 +529,8 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
-        tree = getattr(self._parts.sampler, "tree", None)  # a prioritized sampler's sum tree
-        if self._parts.log.index.n_valid == 0 or (tree is not None and not float(tree.total) > 0):
+        prio = self._parts.sampler.prioritized
+        if self._index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
         return self._limiter is None or self._limiter.can_sample(b)
 
@@ -556,7 +555,7 @@ class ReplayStore:
         self._check_writable()
         ids = _inputs.ids_array(ids, "ids")
         self._sync()
-        n, dropped = self._parts.log.index.invalidate(ids)
+        n, dropped = self._index.invalidate(ids)
         self._after_validity_change(dropped)
         return n
 
@@ -570,15 +569,15 @@ class ReplayStore:
         """
         self._check_writable()
         self._sync()
-        self._after_validity_change(self._parts.log.index.clear())
+        self._after_validity_change(self._index.clear())
         if self._limiter is not None:
-            self._limiter.reset(self._parts.log.index.n_valid)
+            self._limiter.reset(self._index.n_valid)
 
     def _after_validity_change(self, dropped: np.ndarray) -> None:
         self._parts.sampler.slots_cleared(dropped)
         self._drawer.discard_pending()  # drawn rows may have just been invalidated
         if self._limiter is not None:
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
 
     # -- tables ------------------------------------------------------------------------------------------
     @_serialized
@@ -588,9 +587,9 @@ class ReplayStore:
 
         self._check_open()
         self._sync()
-        sampler = self._parts.sampler
-        return transition_columns(self._parts.log.index, self._parts.log.ring.arrays, self._schema, self.episodes(),
-                                  sampler.priorities if isinstance(sampler, PrioritizedSampler) else None)
+        prio = self._parts.sampler.prioritized
+        return transition_columns(self._index, self._ring.arrays, self._schema, self.episodes(),
+                                  None if prio is None else prio.priorities)
 
     def to_arrow(self) -> Any:
         """The store's transitions as a ``pyarrow.Table``: one row per retained transition with ``id``,
@@ -610,7 +609,7 @@ class ReplayStore:
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
         self._sync()
-        return self._drawer.draw(self._parts.sampler, self._parts.log.index, b, replace, beta, plan)
+        return self._drawer.draw(self._parts.sampler, self._index, b, replace, beta, plan)
 
     @_fault_checked
     def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
@@ -620,7 +619,7 @@ class ReplayStore:
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
-        return assemble(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
+        return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
     @_fault_checked
@@ -629,7 +628,7 @@ class ReplayStore:
         """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")
-        return assemble_frames(d.plan, self._parts.log.ring.arrays, d.ids.copy(), self._discounts,
+        return assemble_frames(d.plan, self._ring.arrays, d.ids.copy(), self._discounts,
                                self._extra_names, self._reader, d.weight, frame_buffer)
 
     def _post_draw(self, d: Draw) -> PostedStacks | None:
@@ -679,7 +678,7 @@ class ReplayStore:
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
-                                     assemble, self._parts.log.index, (b, n, strict),
+                                     assemble, self._index, (b, n, strict),
                                      p, self._limit.on_hand_out, guard=self._lock)
 
     @_fault_checked
@@ -687,7 +686,7 @@ class ReplayStore:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")
-        return assemble_sequence_frames(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader,
+        return assemble_sequence_frames(d.plan, self._ring.arrays, self._extra_names, self._reader,
                                         d.weight, frame_buffer)
 
     @_serialized
@@ -703,28 +702,28 @@ class ReplayStore:
         n = _inputs.length_arg(length)
         _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
         self._sync()
-        idx = self._parts.log.index
+        idx = self._index
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
-        return assemble_sequences(plan, self._parts.log.ring.arrays, self._extra_names, self._reader, None)
+        return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
         self._sync()
-        return self._drawer.draw_sequences(self._parts.sampler, self._parts.log.index, b, n, strict, beta)
+        return self._drawer.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @_fault_checked
     def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
-        return assemble_sequences(d.plan, self._parts.log.ring.arrays, self._extra_names, self._reader, d.weight)
+        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight)
 
     @_serialized
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
         self._sync()
-        return self._parts.log.index.valid_ids()
+        return self._index.valid_ids()
 
     @_serialized
     def gather(self, index: Any) -> Batch:
@@ -735,7 +734,7 @@ class ReplayStore:
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
         self._sync()
-        idx = self._parts.log.index
+        idx = self._index
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
 
@@ -750,7 +749,7 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
         self._sync()
-        ids = self._parts.log.index.valid_ids()
+        ids = self._index.valid_ids()
         if shuffle:
             np.random.default_rng(seed).shuffle(ids)
         return self._epoch(ids, b, drop_last)
@@ -763,7 +762,7 @@ class ReplayStore:
             with self._lock:  # each batch is a call of its own (not held while the caller has it)
                 self._check_open()
                 self._sync()
-                idx = self._parts.log.index
+                idx = self._index
                 part = part[idx.ids_valid(part)]
                 batch = self._assemble(idx.slots_of(part), part) if part.size else None
             if batch is not None:
@@ -773,7 +772,7 @@ class ReplayStore:
     def current_obs(self) -> np.ndarray:
         """The stacked latest state: ``(k, *obs_shape)``, or ``(num_envs, k, *obs_shape)`` for vector stores."""
         self._check_open()
-        slots, pad = self._parts.log.index.latest_stacks()
+        slots, pad = self._index.latest_stacks()
         frames = self._reader.take(slots)
         frames[pad] = 0
         return frames if self._schema.vector else frames[0]
@@ -785,7 +784,7 @@ class ReplayStore:
         """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
         the ones whose first observation is retained and that have ended."""
         self._check_open()
-        return self._parts.log.index.episodes(self._parts.log.ring.arrays["reward"])
+        return self._index.episodes(self._ring.arrays["reward"])
 
     @_serialized
     @_fault_checked
@@ -794,14 +793,14 @@ class ReplayStore:
 
         A missing final observation reads as zeros (``table.final_missing``)."""
         self._check_open()
-        return episode_frames(self._parts.log.index, self._reader.take, table, i, start, stop)
+        return episode_frames(self._index, self._reader.take, table, i, start, stop)
 
     @_serialized
     @_fault_checked
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
         self._check_open()
-        return episode_steps(self._parts.log.index, self._parts.log.ring.arrays, self._extra_names, table, i,
+        return episode_steps(self._index, self._ring.arrays, self._extra_names, table, i,
                              start, stop)
 
     # -- priorities ------------------------------------------------------------------------------------
@@ -828,7 +827,7 @@ class ReplayStore:
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
         self._sync()
-        self._parts.log.index.check_ids(ids)
+        self._index.check_ids(ids)
         return prio.priorities(ids)
 
     @property
@@ -858,8 +857,8 @@ class ReplayStore:
     @property
     def priority_updates_skipped(self) -> int:
         """How many ids ``update_priorities`` skipped (evicted or not sampleable) since the store was created."""
-        sampler = self._parts.sampler
-        return sampler.skipped_updates if isinstance(sampler, PrioritizedSampler) else 0
+        prio = self._parts.sampler.prioritized
+        return 0 if prio is None else prio.skipped_updates
 
     def _beta_arg(self, beta: Any) -> float | None:
         if beta is None:
@@ -867,12 +866,12 @@ class ReplayStore:
         self._require_prio("beta=")
         return check_beta(beta)
 
-    def _require_prio(self, what: str) -> PrioritizedSampler:
-        sampler = self._parts.sampler
-        if not isinstance(sampler, PrioritizedSampler):
+    def _require_prio(self, what: str) -> Priorities:
+        prio = self._parts.sampler.prioritized
+        if prio is None:
             raise ValueError(f"{what} is for prioritized stores; create the store with"
                              " prioritized=mr.Prioritized(alpha=0.6, beta=0.4)")
-        return sampler
+        return prio
 
     # -- durability ------------------------------------------------------------------------------------
     @_serialized
@@ -943,7 +942,7 @@ class ReplayStore:
         self._check_open()
         if self._mode != "r":
             raise ValueError("refresh() is for stores opened with mode='r'; a writer always sees its own state")
-        self._parts.log.ring.check_intact()
+        self._ring.check_intact()
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader
@@ -1018,16 +1017,16 @@ class ReplayStore:
 
     def _sync(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._parts.log.index.sync()
+        new = self._index.sync()
         if new.size:
             self._parts.sampler.added(new)
         if self._limiter is not None and self._limiter.writer:
-            self._limiter.publish_size(self._parts.log.index.n_valid)
+            self._limiter.publish_size(self._index.n_valid)
 
     @_fault_checked
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
-        plan = self._parts.log.index.plan(slots)
-        return assemble(plan, self._parts.log.ring.arrays, ids, self._discounts, self._extra_names,
+        plan = self._index.plan(slots)
+        return assemble(plan, self._ring.arrays, ids, self._discounts, self._extra_names,
                         self._reader, weight)
 
     def _check_open(self) -> None:

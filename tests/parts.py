@@ -27,13 +27,12 @@ class Feed:
         if self.rows % RS == 0:
             idx.add_chunk(self.rows // RS, np.array([self.rows]))
         if self.room == 0:
-            self.slot = idx.geo.allocate(self.rows // RS, 0, self.rows)
+            self.slot = idx.take_extent(self.rows // RS, 0, self.rows)
             self.room = idx.geo.extent
         return self.slot
 
-    def _advance(self) -> None:
-        self.idx.rows += 1
-        self.idx.written += 1
+    def _advance(self, n_transitions: int) -> None:
+        self.idx.append_row(n_transitions)
         self.slot += 1
         self.room -= 1
 
@@ -45,7 +44,7 @@ class Feed:
                 idx.mark_end(idx.last_slots())
         slot = self._row()
         idx.note_frames(np.array([slot]), np.array([START], np.uint8), np.zeros(1, np.int32), np.array([-1]))
-        self._advance()
+        self._advance(0)
         self.epos = 0
         return slot
 
@@ -54,6 +53,5 @@ class Feed:
         slot = self._row()
         self.epos += 1
         idx.note_frame(slot, flag | (END if flag else 0), self.epos, idx.next_id)
-        self._advance()
-        idx.next_id += 1
+        self._advance(1)
         return slot

@@ -258,7 +258,7 @@ def _batch_kernels(s: mr.ReplayStore, b: int, rng: np.random.Generator) -> list[
 
     def upd_numpy() -> None:
         ids, p = upd[nxt()]
-        priority_update_numpy(ids, p, idx.oldest_id, idx.next_id, idx.id2slot, idx.valid)
+        priority_update_numpy(ids, p, idx.oldest_id, idx.next_id, idx._id2slot, idx._valid)  # (as priority_targets)
 
     def upd_kernel() -> None:
         ids, p = upd[nxt()]

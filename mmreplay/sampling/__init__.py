@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from ..index import Index
 from ..options import Schema
-from .base import Sampler
+from .base import Priorities, Sampler
 from .prioritized import PrioritizedSampler
 from .uniform import UniformSampler
 
-__all__ = ["Sampler", "UniformSampler", "PrioritizedSampler", "make_sampler", "SAMPLERS", "SamplerKind"]
+__all__ = ["Sampler", "Priorities", "UniformSampler", "PrioritizedSampler", "make_sampler", "SAMPLERS", "SamplerKind"]
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@ weights). It keeps per-slot state only if it needs it (the prioritized sampler's
 sum tree); the chunk log tells it when slots stop being sampleable or move, and
 the store tells it when slots become sampleable. It says what its durable state
 is (a manifest entry plus state files written through a ``StateDir``) and
-restores itself from that.
+restores itself from that. A sampler that keeps per-transition priorities hands
+them out through ``prioritized`` (a ``Priorities``); every other sampler's is
+None, and the store's priority calls refuse then.
 """
 
 from __future__ import annotations
@@ -18,8 +20,47 @@ from ..statefiles import StateDir
 from .subset import Accept, Pool
 
 
+class Priorities(Protocol):
+    """What a sampler that draws by priority lets the store read and set (``Sampler.prioritized``)."""
+
+    beta: float  # the importance-weight exponent of draws that give none; saved by a commit
+    max_priority: float  # the largest raw priority ever given: what new transitions enter with
+    skipped_updates: int  # ids ``update`` skipped (evicted or not sampleable) over the store's life
+
+    def update(self, ids: np.ndarray, priorities: Any) -> int:
+        """Set the raw priorities of ``ids`` (int64); returns how many were skipped. Raises for bad
+        priorities and ids never issued, having changed nothing."""
+        ...
+
+    def priorities(self, ids: np.ndarray) -> np.ndarray:
+        """Raw priorities (float64) of sampleable ids (checked by the caller)."""
+        ...
+
+    def masses(self, ids: np.ndarray) -> np.ndarray:
+        """The masses (float64) draws weigh sampleable ids by (checked by the caller)."""
+        ...
+
+    def total_mass(self) -> float:
+        """The mass of every sampleable transition together."""
+        ...
+
+    def min_mass(self) -> float:
+        """The smallest positive mass (0.0 when nothing is sampleable)."""
+        ...
+
+    def positive_slots(self) -> int:
+        """Slots carrying mass (the sampleable transitions, when consistent)."""
+        ...
+
+
 class Sampler(Protocol):
     """Chooses batches of sampleable transition ids."""
+
+    @property
+    def prioritized(self) -> Priorities | None:
+        """Its priorities, or None for a sampler that keeps none: what the store asks instead of which kind
+        of sampler it has."""
+        ...
 
     def draw(self, rng: np.random.Generator, batch_size: int, replace: bool,
              beta: float | None) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:

@@ -64,6 +64,11 @@ class PrioritizedSampler:
         self.dirty_all = False
         self._chain: dict[str, Any] | None = None  # the committed entry the next delta builds on
 
+    @property
+    def prioritized(self) -> PrioritizedSampler:
+        """The sampler itself: it keeps the priorities (``base.Priorities``)."""
+        return self
+
     def mass(self, p: np.ndarray | float) -> np.ndarray:
         return np.power(np.asarray(p, np.float64) + self.eps, self.alpha)
 

@@ -30,6 +30,8 @@ def require_sampleable(n_valid: int) -> None:
 class UniformSampler:
     """Every sampleable transition equally likely; keeps no state of its own."""
 
+    prioritized = None  # (no priorities: the store's priority calls refuse)
+
     def __init__(self, index: Index) -> None:
         self.index = index
 
