@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -153,7 +154,7 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
-        self._deleting: list[Future[None]] = []  # raw frame files being deleted in the sealer thread
+        self._deleting: list[Future[None]] = []  # files no commit lists, being deleted in the sealer thread
         self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
@@ -349,7 +350,7 @@ class ChunkLog:
         if info.committed:
             self.to_delete.append(info.name)  # the last commit still needs it
         else:
-            self.ring.delete_files(info.name)
+            self._delete_later(self.ring.delete_files, info.name)  # no commit ever listed it
 
     def _grow(self) -> None:
         """More ring positions (short episodes put fewer transitions in each chunk than planned)."""
@@ -390,13 +391,17 @@ class ChunkLog:
         if info.committed:
             self.raw_to_delete.append(info.name)  # the last commit reads the raw file
         else:
-            # no commit ever listed it: delete it now, in the sealer thread (freeing its page cache
-            # takes milliseconds that step() should not wait for)
-            self._deleting = [f for f in self._deleting if not f.done()]
-            try:
-                self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
-            except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
-                self.ring.delete_raw_frames(info.name)
+            self._delete_later(self.ring.delete_raw_frames, info.name)  # no commit ever listed it
+
+    def _delete_later(self, delete: Callable[[str], None], name: str) -> None:
+        """Delete files of chunk ``name`` that no commit lists, now, in the sealer thread: freeing their page
+        cache takes milliseconds that step() should not wait for. ``wait_sealed`` (and so ``close``) waits
+        for them: a writer reopening the store may create chunks of the same names."""
+        self._deleting = [f for f in self._deleting if not f.done()]
+        try:
+            self._deleting.append(self._sealer().submit(delete, name))
+        except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
+            delete(name)
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
