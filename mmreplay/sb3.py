@@ -437,11 +437,15 @@ class ReplayBuffer(_SB3ReplayBuffer):
         dones = batch.terminated.astype(np.float32).reshape(-1, 1)
         rewards = batch.reward.reshape(-1, 1)
         discounts = batch.discount.reshape(-1, 1) if self.n_steps > 1 else None
-        fields: list[Any] = [self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
-                             self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
-                             self.to_torch(self._normalize_reward(rewards, env))]
+        # On the CPU the arrays are wrapped, not copied as SB3's to_torch does: each is this batch's own (the
+        # store's reader reuses an output buffer only once nothing references it, a tensor included), so the
+        # tensors are as independent of the buffer as copies, and the same dtypes and shapes.
+        tensor = th.from_numpy if self.device.type == "cpu" else self.to_torch
+        fields: list[Any] = [tensor(np.asarray(self._normalize_obs(obs, env))), tensor(batch.action),
+                             tensor(np.asarray(self._normalize_obs(next_obs, env))), tensor(dones),
+                             tensor(np.asarray(self._normalize_reward(rewards, env)))]
         if _HAS_DISCOUNTS:
-            fields.append(None if discounts is None else self.to_torch(discounts))
+            fields.append(None if discounts is None else tensor(discounts))
         return ReplayBufferSamples(*fields)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ReplayBufferSamples:

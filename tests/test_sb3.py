@@ -346,12 +346,34 @@ def test_vecnormalize_like_sb3(sb3, spaces, tmp_path):
     o = np.array([[0.3, -0.2, 1.5]], np.float32)
     for b in (mine, theirs):
         b.add(o, o + 1, np.array([[0.5]]), np.array([2.0]), np.array([True]), [{}])
+    for x, y in zip(mine.sample(4)[:5], theirs.sample(4)[:5], strict=True):  # without VecNormalize too
+        assert x.dtype == y.dtype and x.shape == y.shape
     a, b = mine.sample(4, env=norm), theirs.sample(4, env=norm)
     assert not np.allclose(a.observations.numpy(), o)  # normalized
     for x, y in zip(a[:5], b[:5], strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x.numpy(), y.numpy())
     mine.close()
+
+
+def test_cpu_samples_stay_as_drawn(sb3, spaces, tmp_path):
+    """CPU samples wrap the batch's arrays without a copy: later samples never write into a sample still held
+    (the store's reader reuses an output buffer only once nothing references it)."""
+    torch = require("torch")
+    seg = next(iter(episodes("pong")))
+    box = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    buf = sb3.ReplayBuffer(1000, box, spaces.Discrete(6), device="cpu", path=tmp_path / "s", pad="zeros")
+    with _closing(buf):
+        for t in range(60):
+            buf.add(stack_of(seg, t, 4, "zeros", "first")[None], stack_of(seg, t + 1, 4, "zeros", "first")[None],
+                    np.array([t % 6]), np.array([float(t)]), np.array([False]), [{}])
+        held = [buf.sample(32) for _ in range(4)]
+        copies = [[t.clone() for t in s[:5]] for s in held]
+        for _ in range(20):
+            buf.sample(32)
+        for s, c in zip(held, copies, strict=True):
+            for t, u in zip(s[:5], c, strict=True):
+                assert torch.equal(t, u)
 
 
 # -- SB3 algorithms --------------------------------------------------------------------------------------
