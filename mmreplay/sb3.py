@@ -158,8 +158,8 @@ class _Handle:
             self.feed = None
 
     def flush(self) -> None:
-        """Write the pending adds to the store."""
-        if self.pending is not None:
+        """Write the pending adds to the store (a closed one keeps none: close() wrote them or dropped them)."""
+        if self.pending is not None and not self.store.closed:
             self.pending.flush(self.store)
 
     def close(self, commit: bool | None, warn: bool = True) -> None:
@@ -393,7 +393,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
             raise ValueError(f"add(): reward, done and infos need one entry per env ({n}), got {rew.size},"
                              f" {dn.size} and {len(infos)}")
         # per env in Python: a few envs (one, mostly) cost less as scalars than as numpy calls
-        rewards, actions = rew.tolist(), act.reshape(n, self.action_dim).tolist()  # (cast as stored, as SB3 does)
+        # (cast here to the stored dtype, as SB3 does: a value it cannot take is refused now, not when written)
+        rewards, actions = rew.tolist(), act.reshape(n, self.action_dim).astype(self._action_dtype, copy=False).tolist()
         if not all(map(math.isfinite, rewards)):  # (checked here: the block is written later; see _Pending)
             at = [math.isfinite(r) for r in rewards].index(False)
             raise ValueError(f"add(): reward {reward!r} of env {at} is not a finite float32 ({rewards[at]}); the"

@@ -328,6 +328,9 @@ def test_bad_stacks_are_refused_and_write_nothing(sb3, spaces, tmp_path):
             buf.add(skip[None], skip_next[None], np.array([0]), np.array([0.0]), np.array([False]), [{}])
         with pytest.raises(ValueError, match=r"expected \(1, 4, 84, 84\)"):
             buf.add(first[None, :3], first[None, :3], np.array([0]), np.array([0.0]), np.array([False]), [{}])
+        with pytest.raises(ValueError):  # an action the action dtype cannot take
+            buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                    np.array(["left"]), np.array([0.0]), np.array([False]), [{}])
         with pytest.raises(ValueError, match="finite"):  # (refused at add(), not when its block is written)
             buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
                     np.array([0]), np.array([np.inf]), np.array([False]), [{}])
@@ -533,6 +536,7 @@ def test_close_keeps_the_paired_commit(sb3, spaces, tmp_path):
         buf.add(o + i, o + i + 1, o, np.array([1.0]), np.array([False]), [{}])
     with pytest.warns(UserWarning, match="3 add"):
         buf.close()
+    assert buf.store.closed  # (the 3 adds, never written, stay dropped)
     with mr.ReplayStore.open(tmp_path / "s", mode="r") as st:
         assert st.id_range == (0, 5)
     again = pickle.loads(blob)
