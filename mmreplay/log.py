@@ -23,6 +23,7 @@ import os
 import shutil
 import stat
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -152,7 +153,7 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
-        self._deleting: list[Future[None]] = []  # raw frame files being deleted in the sealer thread
+        self._deleting: list[Future[None]] = []  # _in_background work: deletions, directory syncs
         self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
@@ -284,7 +285,11 @@ class ChunkLog:
         if len(self.chunks) + 1 > self.ring.positions:
             self._reap(block=True)
             self._grow()
-        self.ring.create_chunk(seq)
+        # The new files' directory entries are made durable in the sealer thread (an fsync of the directory
+        # waits for the disk: milliseconds per roll); every commit and snapshot waits for that thread's work
+        # (wait_sealed) before its manifest names the chunk.
+        self.ring.create_chunk(seq, sync_dir=False)
+        self._in_background(self.ring.sync_dir)
         full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
         if full is not None:
             self._close_fd()
@@ -336,7 +341,7 @@ class ChunkLog:
         if info.committed:
             self.to_delete.append(info.name)  # the last commit still needs it
         else:
-            self.ring.delete_files(info.name)
+            self._in_background(self.ring.delete_files, info.name)  # no commit ever listed it
 
     def _grow(self) -> None:
         """More ring positions (short episodes put fewer transitions in each chunk than planned)."""
@@ -355,8 +360,8 @@ class ChunkLog:
 
     def wait_sealed(self) -> None:
         """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
-        chunk's frames are read from its compressed file from then on. Deletions of raw frame files
-        the seals made unneeded are finished too."""
+        chunk's frames are read from its compressed file from then on. The other work handed to the
+        sealer thread (``_in_background``: deletions, directory syncs) is finished too."""
         self._reap(block=True)
         for f in self._deleting:
             f.result()
@@ -377,13 +382,18 @@ class ChunkLog:
         if info.committed:
             self.raw_to_delete.append(info.name)  # the last commit reads the raw file
         else:
-            # no commit ever listed it: delete it now, in the sealer thread (freeing its page cache
-            # takes milliseconds that step() should not wait for)
-            self._deleting = [f for f in self._deleting if not f.done()]
-            try:
-                self._deleting.append(self._sealer().submit(self.ring.delete_raw_frames, info.name))
-            except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
-                self.ring.delete_raw_frames(info.name)
+            self._in_background(self.ring.delete_raw_frames, info.name)  # no commit ever listed it
+
+    def _in_background(self, work: Callable[..., None], *args: Any) -> None:
+        """Run ``work`` now, in the sealer thread, after the seals before it: deleting files no commit lists
+        (freeing their page cache takes milliseconds that step() should not wait for), syncing the chunks
+        directory. ``wait_sealed`` (and so every commit, snapshot and ``close``) waits for it: a manifest
+        names only durable files, and a writer reopening the store may create chunks of the same names."""
+        self._deleting = [f for f in self._deleting if not f.done()]
+        try:
+            self._deleting.append(self._sealer().submit(work, *args))
+        except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
+            work(*args)
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""

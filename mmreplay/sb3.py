@@ -19,6 +19,9 @@ What it does with SB3's calls:
   stored one frame per step and rebuilt at sample time; every ``add`` checks the stack it was given
   equals the one the store will rebuild, and refuses one that does not (``frame_stack=1`` stores whole
   observations instead).
+- Adds are checked when made and written to the store a block of steps per env at a time (one
+  ``store.extend()``), before anything reads the store: ``sample``, ``buffer.store``, pickling and
+  ``close`` see every add made before them.
 - ``sample(batch_size, env=None)``: ``ReplayBufferSamples`` of tensors on the buffer's device, SB3's
   shapes and dtypes; ``discounts`` is ``gamma ** m`` (0 after a termination) when ``n_steps > 1``.
 - Pickling (``save_replay_buffer``) commits the store and keeps only its location and this object's
@@ -28,6 +31,7 @@ What it does with SB3's calls:
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -48,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"mmreplay.sb3 needs stable-baselines3 ({exc}): pip install 'mmreplay[sb3]'") from exc
 
 from .batch import Batch
+from .errors import StoreClosedError
 from .store import ReplayStore
 
 __all__ = ["ReplayBuffer", "FrameLayout"]
@@ -143,6 +148,7 @@ class _Handle:
         self.paired = False  # pickled at least once: its last commit is paired with a checkpoint
         self.added_since_pair = 0
         self.feed: Any = None  # mmreplay.torch.DeviceFeed, for a buffer on a GPU (made at the first sample)
+        self.pending: _Pending | None = None  # adds not yet written to the store (set by the buffer)
         with _OPEN_LOCK:
             _OPEN[os.path.realpath(store.path)] = weakref.ref(self)
 
@@ -150,6 +156,11 @@ class _Handle:
         if self.feed is not None:
             self.feed.close()
             self.feed = None
+
+    def flush(self) -> None:
+        """Write the pending adds to the store (a closed one keeps none: close() wrote them or dropped them)."""
+        if self.pending is not None and not self.store.closed:
+            self.pending.flush(self.store)
 
     def close(self, commit: bool | None, warn: bool = True) -> None:
         store = self.store
@@ -163,25 +174,83 @@ class _Handle:
                               f" the {self.added_since_pair} add() calls since are not kept (no checkpoint is"
                               " paired with them). Call close(commit=True) to keep them.", stacklevel=3)
         try:
-            store.close(commit=commit)
+            if commit:  # (without a commit they would be dropped with the rest)
+                self.flush()
         finally:
-            with _OPEN_LOCK:
-                key = os.path.realpath(store.path)
-                if key in _OPEN and _OPEN[key]() is self:
-                    del _OPEN[key]
-            if self.temp_dir is not None:
-                shutil.rmtree(self.temp_dir, ignore_errors=True)
+            try:
+                store.close(commit=commit)
+            finally:
+                with _OPEN_LOCK:
+                    key = os.path.realpath(store.path)
+                    if key in _OPEN and _OPEN[key]() is self:
+                        del _OPEN[key]
+                if self.temp_dir is not None:
+                    shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def _same(prev: np.ndarray | None, obs: np.ndarray) -> bool:
-    """Whether ``obs`` continues an episode whose last ``next_obs`` was ``prev`` (None: it ended)."""
-    return prev is not None and _equal(prev, obs)
+_TERM, _TRUNC = 1, 2  # how an added step ends its episode (0: it does not)
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Byte equality of two arrays of one shape and dtype (a copy and a memcmp: ~5x ``np.array_equal``
-    on a 4x84x84 stack; NaN equals the same NaN, as the same observation should)."""
-    return a.shape == b.shape and a.tobytes() == b.tobytes()
+class _Pending:
+    """Each env's last stack, and what ``add`` accepted but has not written to the store yet.
+
+    ``last[i]``: the bytes of env ``i``'s last ``next_obs`` as frames, oldest first (None: its episode
+    ended, the next add starts one). An add compares the bytes of the ``obs`` it is given with them, and
+    the next add compares with the bytes of this one's ``next_obs``: each stack is copied out once, into
+    an immutable object a caller cannot change afterwards.
+
+    The steps not written yet: per env an optional episode start (``reset()`` with ``first[i]``) and a
+    block of consecutive steps of one episode (``frames[i, :count[i]]``, the actions, rewards and ends
+    beside them). One ``store.step()`` per add costs a call through the store's checks and a ``pwrite``
+    of one frame each time; a block written by one ``store.extend()`` pays them once. Everything in here
+    was checked by ``add`` (the store's ``extend`` cannot refuse it), and the buffer writes it before
+    anything reads the store (``sample``, ``buffer.store``, pickling, ``close``), so an add is sampleable
+    from the next call on.
+    """
+
+    BLOCK_BYTES = 1 << 20  # frame bytes of one env's block (at most BLOCK_ROWS rows, at least 1)
+    BLOCK_ROWS = 256
+
+    def __init__(self, n_envs: int, frame_shape: tuple[int, ...], obs_dtype: np.dtype, action_dtype: np.dtype,
+                 action_dim: int) -> None:
+        frame_bytes = max(1, int(np.prod(frame_shape)) * obs_dtype.itemsize)
+        self.rows = max(1, min(self.BLOCK_ROWS, self.BLOCK_BYTES // frame_bytes))
+        self.vector = n_envs > 1
+        self.action_dtype, self.action_dim = action_dtype, action_dim
+        self.last: list[bytes | None] = [None] * n_envs
+        self.frames = np.zeros((n_envs, self.rows, *frame_shape), obs_dtype)
+        self.count = [0] * n_envs
+        self.first = np.zeros((n_envs, *frame_shape), obs_dtype)
+        self.started = [False] * n_envs  # env i's block starts an episode: reset() with first[i] before it
+        self.actions: list[list[Any]] = [[] for _ in range(n_envs)]
+        self.rewards: list[list[float]] = [[] for _ in range(n_envs)]
+        self.ends: list[list[int]] = [[] for _ in range(n_envs)]
+
+    def start(self, store: ReplayStore, i: int, frame: np.ndarray) -> None:
+        """Env ``i`` starts an episode with ``frame``; what it has pending is written first."""
+        if self.count[i] or self.started[i]:
+            self.flush_env(store, i)
+        self.first[i] = frame
+        self.started[i] = True
+
+    def flush(self, store: ReplayStore) -> None:
+        for i in range(len(self.count)):
+            if self.count[i] or self.started[i]:
+                self.flush_env(store, i)
+
+    def flush_env(self, store: ReplayStore, i: int) -> None:
+        """Write env ``i``'s pending start and block. (Dropped if the store refuses them: that is a disk error,
+        after which the store is read-only.)"""
+        c, started = self.count[i], self.started[i]
+        acts, rews, ends = self.actions[i], self.rewards[i], self.ends[i]
+        self.count[i], self.started[i] = 0, False
+        self.actions[i], self.rewards[i], self.ends[i] = [], [], []
+        if started:
+            store.reset(self.first[i], env=i if self.vector else None)
+        if c:
+            e = np.array(ends, np.uint8)
+            store.extend(np.array(acts, self.action_dtype).reshape(c, self.action_dim), np.array(rews, np.float32),
+                         self.frames[i, :c], e == _TERM, e == _TRUNC, env=i)
 
 
 def _finalize(handle: _Handle) -> None:
@@ -248,7 +317,6 @@ class ReplayBuffer(_SB3ReplayBuffer):
         self._create: dict[str, Any] = dict(capacity=int(buffer_size), n_step=self.n_steps, gamma=self.gamma,
                             compression=compression, chunk_size=chunk_size, seed=seed)
         self._read_threads = read_threads
-        self._next: list[np.ndarray | None] = [None] * self.n_envs  # each env's last next_obs (None: ended)
         self._handle: _Handle | None = None
         held = self._path is not None and os.path.exists(os.path.join(self._path, "manifest.json"))
         # a path that holds a store: SB3's Algorithm.load() builds a buffer before load_replay_buffer()
@@ -263,6 +331,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if self._handle is None:
             raise ValueError("the buffer's store is created at the first add() (pad='auto' reads the padding"
                              " from the first episode); add transitions first, or pass pad='zeros'/'first'")
+        self._handle.flush()  # what add() has not written yet (_Pending)
         return self._handle.store
 
     def _open_new(self, pad: str) -> None:
@@ -291,6 +360,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
         self._attach(_Handle(store, temp))
 
     def _attach(self, handle: _Handle) -> None:
+        handle.pending = _Pending(self.n_envs, self.layout.frame_shape, self._obs_dtype, self._action_dtype,
+                                  self.action_dim)
         self._handle = handle
         self._finalizer = weakref.finalize(self, _finalize, handle)
 
@@ -311,64 +382,97 @@ class ReplayBuffer(_SB3ReplayBuffer):
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]]) -> None:
         n, lay = self.n_envs, self.layout
-        obs_a = self._obs_arg(obs, "obs")
-        next_a = self._obs_arg(next_obs, "next_obs")
+        f_obs, f_next = self._frames_arg(obs, "obs"), self._frames_arg(next_obs, "next_obs")
         act = np.asarray(action)
         if act.size != n * self.action_dim:
             raise ValueError(f"add(): action has {act.size} values, expected n_envs * action_dim ="
                              f" {n} * {self.action_dim} (shape {act.shape})")
-        act = act.reshape(n, self.action_dim).astype(self._action_dtype, copy=False)
         rew = np.asarray(reward, np.float32).reshape(-1)
-        dn = np.asarray(done).reshape(-1).astype(bool)
+        dn = np.asarray(done).reshape(-1)
         if rew.size != n or dn.size != n or len(infos) != n:
             raise ValueError(f"add(): reward, done and infos need one entry per env ({n}), got {rew.size},"
                              f" {dn.size} and {len(infos)}")
-        timeouts = np.zeros(n, bool)
-        if self.handle_timeout_termination:
-            timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
-        terminated, truncated = dn & ~timeouts, dn & timeouts
-        f_obs, f_next = lay.frames(obs_a), lay.frames(next_a)
-        starts = [i for i in range(n) if not _same(self._next[i], obs_a[i])]
-        if self._handle is None:  # pad="auto": the first episode says how it pads
+        # per env in Python: a few envs (one, mostly) cost less as scalars than as numpy calls
+        # (cast here to the stored dtype, as SB3 does: a value it cannot take is refused now, not when written)
+        rewards, actions = rew.tolist(), act.reshape(n, self.action_dim).astype(self._action_dtype, copy=False).tolist()
+        if not all(map(math.isfinite, rewards)):  # (checked here: the block is written later; see _Pending)
+            at = [math.isfinite(r) for r in rewards].index(False)
+            raise ValueError(f"add(): reward {reward!r} of env {at} is not a finite float32 ({rewards[at]}); the"
+                             " store keeps finite rewards only")
+        done_l = dn.tolist()
+        if not any(done_l):
+            ends = [0] * n
+        elif self.handle_timeout_termination:  # a done with TimeLimit.truncated: the episode was cut
+            ends = [(_TRUNC if info.get("TimeLimit.truncated", False) else _TERM) if d else 0
+                    for d, info in zip(done_l, infos, strict=True)]
+        else:
+            ends = [_TERM if d else 0 for d in done_l]
+        # The stack checks compare bytes (NaN equals the same NaN, as the same observation should): obs
+        # against the env's last next_obs (equal: the episode goes on), next_obs's older frames against obs's
+        # newer ones (so the store, keeping one frame per step, rebuilds both stacks as given)
+        obs_b, next_b = [f.tobytes() for f in f_obs], [f.tobytes() for f in f_next]
+        handle = self._handle
+        pend = handle.pending if handle is not None else None
+        last = pend.last if pend is not None else [None] * n
+        starts = [i for i in range(n) if obs_b[i] != last[i]]
+        if handle is None:  # pad="auto": the first episode says how it pads
             self._pad = self._pad_of(f_obs[starts[0]]) if starts else "zeros"
         for i in starts:
             self._check_start(i, f_obs[i])
         if lay.stack > 1:
-            bad = [i for i in range(n) if not _equal(f_next[i, :-1], f_obs[i, 1:])]
+            older = len(obs_b[0]) // lay.stack  # bytes of one frame: obs's newer frames start there
+            bad = [i for i in range(n) if not next_b[i].startswith(memoryview(obs_b[i])[older:])]
             if bad:
                 raise ValueError(
                     f"add(): env {bad[0]}'s next_obs is not its obs moved on by one frame (frames 1..{lay.stack - 1}"
                     f" of obs must be frames 0..{lay.stack - 2} of next_obs), so the stacks cannot be stored one"
                     f" frame per step. If the observations are not frame stacks (or the wrapper skips frames),"
                     f" pass frame_stack=1 (replay_buffer_kwargs=dict(frame_stack=1)) to store whole observations")
-        # everything is checked: write
-        if self._handle is None:
+        # everything is checked: write (into the pending block; see _Pending)
+        if handle is None:
             self._open_new(self._pad)
-        store = self.store
-        new = f_next[:, -1]
-        if n == 1:
-            if starts:
-                store.reset(f_obs[0, -1])
-            store.step(act[0], rew[0], new[0], bool(terminated[0]), bool(truncated[0]))
+            handle = self._handle
+        assert handle is not None and handle.pending is not None
+        store, pend = handle.store, handle.pending
+        if store.closed:
+            raise StoreClosedError(f"add(): the buffer's store {store.path} is closed (close() was called)")
+        for i in starts:
+            pend.start(store, i, f_obs[i, -1])
+        count = pend.count
+        c = count[0]
+        if n == 1 or count.count(c) == n:  # every env's block as long: one copy of the new frames
+            pend.frames[:, c] = f_next[:, -1]
+            count[:] = [c + 1] * n
         else:
-            for i in starts:
-                store.reset(f_obs[i, -1], env=i)
-            store.step(act, rew, new, terminated, truncated)
+            for i in range(n):
+                pend.frames[i, count[i]] = f_next[i, -1]
+                count[i] += 1
         for i in range(n):
-            self._next[i] = None if dn[i] else next_a[i].copy()
-        assert self._handle is not None
-        self._handle.added_since_pair += 1
+            pend.actions[i].append(actions[i])
+            pend.rewards[i].append(rewards[i])
+            pend.ends[i].append(ends[i])
+            pend.last[i] = None if ends[i] else next_b[i]
+            if ends[i] or count[i] == pend.rows:  # a block ends where its episode does (as extend() wants)
+                pend.flush_env(store, i)
+        handle.added_since_pair += 1
         self.pos += 1
         if self.pos == self.buffer_size:
             self.full = True
             self.pos = 0
 
-    def _obs_arg(self, value: Any, what: str) -> np.ndarray:
-        arr = np.asarray(value)
-        want = (self.n_envs, *self.obs_shape)
+    def _frames_arg(self, value: Any, what: str) -> np.ndarray:
+        """``obs``/``next_obs`` as frames ``(n_envs, stack, *frame_shape)`` of the observation dtype (a view when
+        they come so)."""
+        arr = value if type(value) is np.ndarray else np.asarray(value)
         if arr.size != self.n_envs * self.layout.obs_size:
+            want = (self.n_envs, *self.obs_shape)
             raise ValueError(f"add(): {what} has shape {arr.shape}, expected {want} (n_envs, *observation shape)")
-        return arr.reshape(want).astype(self._obs_dtype, copy=False)
+        if arr.dtype != self._obs_dtype:
+            arr = arr.astype(self._obs_dtype)
+        lay = self.layout
+        if lay.stack == 1 or lay.axis == "first":  # (what lay.frames does with these, in one reshape)
+            return arr.reshape(self.n_envs, lay.stack, *lay.frame_shape)
+        return lay.frames(arr.reshape(self.n_envs, *self.obs_shape))
 
     def _pad_of(self, frames: np.ndarray) -> str:
         """The padding a new episode's stack shows: older frames equal to the newest ("first") or zero."""
@@ -409,6 +513,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if handle is None:
             self.store  # noqa: B018 - raises the error that says why there is no store yet
         assert handle is not None
+        handle.flush()
         if handle.feed is None:
             from .torch import DeviceFeed
 
@@ -437,11 +542,15 @@ class ReplayBuffer(_SB3ReplayBuffer):
         dones = batch.terminated.astype(np.float32).reshape(-1, 1)
         rewards = batch.reward.reshape(-1, 1)
         discounts = batch.discount.reshape(-1, 1) if self.n_steps > 1 else None
-        fields: list[Any] = [self.to_torch(np.asarray(self._normalize_obs(obs, env))), self.to_torch(batch.action),
-                             self.to_torch(np.asarray(self._normalize_obs(next_obs, env))), self.to_torch(dones),
-                             self.to_torch(self._normalize_reward(rewards, env))]
+        # On the CPU the arrays are wrapped, not copied as SB3's to_torch does: each is this batch's own (the
+        # store's reader reuses an output buffer only once nothing references it, a tensor included), so the
+        # tensors are as independent of the buffer as copies, and the same dtypes and shapes.
+        tensor = th.from_numpy if self.device.type == "cpu" else self.to_torch
+        fields: list[Any] = [tensor(np.asarray(self._normalize_obs(obs, env))), tensor(batch.action),
+                             tensor(np.asarray(self._normalize_obs(next_obs, env))), tensor(dones),
+                             tensor(np.asarray(self._normalize_reward(rewards, env)))]
         if _HAS_DISCOUNTS:
-            fields.append(None if discounts is None else self.to_torch(discounts))
+            fields.append(None if discounts is None else tensor(discounts))
         return ReplayBufferSamples(*fields)
 
     def _get_samples(self, batch_inds: np.ndarray, env: Any = None) -> ReplayBufferSamples:
@@ -453,7 +562,12 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if self._handle is not None:
             self._handle.drop_feed()  # (its drawn batches hold rows being cleared)
             self.store.clear()
-        self._next = [None] * self.n_envs
+        self._end_episodes()
+
+    def _end_episodes(self) -> None:
+        """The next add() of each env starts a new episode (the open one is truncated there)."""
+        if self._handle is not None and self._handle.pending is not None:
+            self._handle.pending.last = [None] * self.n_envs
 
     @property  # type: ignore[override]
     def dones(self) -> _EpisodeEnds:
@@ -469,13 +583,20 @@ class ReplayBuffer(_SB3ReplayBuffer):
         state = {k: v for k, v in self.__dict__.items() if k not in ("_handle", "_finalizer")}
         h = self._handle
         state["_store_path"] = None
+        state["_next"] = [None] * self.n_envs  # each env's last next_obs (None: the next add starts an episode)
         if h is not None:
             if h.temp_dir is not None:
                 warnings.warn(f"mmreplay.sb3.ReplayBuffer: pickling keeps the temporary store {h.store.path}"
                               " (the pickle refers to it); pass replay_buffer_kwargs=dict(path=...) to choose"
                               " where it lives", stacklevel=2)
                 h.temp_dir = None
+            h.flush()
             h.store.commit()
+            pend = h.pending
+            assert pend is not None
+            lay = self.layout
+            state["_next"] = [None if b is None else lay.observations(np.frombuffer(b, self._obs_dtype).reshape(
+                1, lay.stack, *lay.frame_shape))[0].copy() for b in pend.last]
             h.paired, h.added_since_pair = True, 0
             state["_store_path"] = os.path.realpath(h.store.path)
             state["_generation"] = h.store.generation
@@ -484,6 +605,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         path = state.pop("_store_path")
         generation = state.pop("_generation", None)
+        last = state.pop("_next")
         self.__dict__.update(state)
         self._handle = None
         if path is None:
@@ -504,6 +626,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
         handle = _Handle(store, None)
         handle.paired = True
         self._attach(handle)
+        assert handle.pending is not None
+        handle.pending.last = [None if obs is None else self.layout.frames(obs[None])[0].tobytes() for obs in last]
 
 
 class _EpisodeEnds:
@@ -514,4 +638,4 @@ class _EpisodeEnds:
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if np.any(value):  # the next add() of each env then starts a new episode; the open one is truncated
-            self._buf._next = [None] * self._buf.n_envs
+            self._buf._end_episodes()

@@ -11,7 +11,7 @@ import pytest
 from mmreplay.errors import CorruptStoreError
 from mmreplay.log import ChunkLog, initial_positions
 from mmreplay.options import Schema
-from mmreplay.storage.ring import chunk_file
+from mmreplay.storage.ring import chunk_file, chunk_name
 
 
 class Listener:
@@ -73,6 +73,18 @@ def test_retirement_keeps_capacity_and_tells_the_listener(tmp_path):
     assert log.next_id - log.oldest_id >= 10  # at least capacity transitions retained
     # ...and the oldest chunk was needed when the open one was started: without it there were fewer
     assert log.retained_tx - log.chunks[0].n_transitions - log.chunks[-1].n_transitions - 1 < 10
+    log.close()
+
+
+def test_a_retired_chunk_no_commit_listed_is_deleted_in_the_background(tmp_path):
+    log, _ = _log(tmp_path, capacity=10, chunk_size=4)
+    _write_rows(log, 40)
+    log.wait_sealed()  # (the sealer thread unlinks them; wait_sealed, and so close, waits for that)
+    first = log.chunks[0].seq
+    assert first > 0
+    retired = {chunk_name(seq) for seq in range(first)}
+    left = [f for f in os.listdir(tmp_path / "chunks") if f.split(".")[0] in retired]
+    assert left == []
     log.close()
 
 

@@ -231,6 +231,33 @@ def test_atari_stacks_round_trip(sb3, spaces, tmp_path, n_envs, n, pad, axis, st
         buf.close()
 
 
+@pytest.mark.parametrize("n_envs, style", [(1, "sb3"), (3, "cleanrl")])
+def test_adds_written_in_blocks_are_sampleable_at_once(sb3, spaces, tmp_path, monkeypatch, n_envs, style):
+    """add() keeps a block of steps per env and writes it to the store in one extend(): blocks of 3 rows here,
+    so they end mid-episode, at episode ends and when an env's next obs starts a new episode. Whatever reads
+    the store (sample, buffer.store) sees every add made before it."""
+    monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", 3)
+    rng = np.random.default_rng(7)
+    streams = [atari_segments(e, 6, rng) for e in range(n_envs)]
+    buf = sb3.ReplayBuffer(5000, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cpu",
+                           n_envs=n_envs, n_steps=2, gamma=GAMMA, handle_timeout_termination=style == "sb3",
+                           path=tmp_path / "s", chunk_size=48)
+    with _closing(buf):
+        steps = min(sum(s.T for s in segs) for segs in streams) - 3
+        sure, maybe = feed(buf, streams, 4, "zeros", "first", style, steps, 2, GAMMA)
+        assert buf.store.id_range == (0, steps * n_envs)  # every add is in the store once it is read
+        check_buffer(buf, sure, maybe)
+    # one add at a time: the next sample() draws from a store that holds it
+    box = spaces.Box(-1e9, 1e9, (2,), np.float32)
+    flat = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "f")
+    with _closing(flat):
+        o = np.zeros((1, 2), np.float32)
+        for i in range(7):
+            flat.add(o + i, o + i + 1, o, np.array([float(i)]), np.array([i == 4]), [{}])
+            assert flat.sample(256).rewards.max().item() == i
+        assert len(flat.store) == 7 and len(flat.store.episodes()) == 2
+
+
 def test_cuda_samples_are_the_host_paths(sb3, spaces, tmp_path):
     """On a CUDA device ``sample()`` takes the device feed: its tensors are on the GPU and equal, tensor for
     tensor, what the host path makes of the same rows."""
@@ -301,7 +328,17 @@ def test_bad_stacks_are_refused_and_write_nothing(sb3, spaces, tmp_path):
             buf.add(skip[None], skip_next[None], np.array([0]), np.array([0.0]), np.array([False]), [{}])
         with pytest.raises(ValueError, match=r"expected \(1, 4, 84, 84\)"):
             buf.add(first[None, :3], first[None, :3], np.array([0]), np.array([0.0]), np.array([False]), [{}])
+        with pytest.raises(ValueError):  # an action the action dtype cannot take
+            buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                    np.array(["left"]), np.array([0.0]), np.array([False]), [{}])
+        with pytest.raises(ValueError, match="finite"):  # (refused at add(), not when its block is written)
+            buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                    np.array([0]), np.array([np.inf]), np.array([False]), [{}])
+        assert buf._handle.pending.count == [1]  # the accepted add waits in its block, the refused ones are not in it
         assert buf.store.id_range == (0, 1) and buf.size() == 1  # the refused calls wrote nothing
+        buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                np.array([2]), np.array([2.0]), np.array([False]), [{}])  # the episode goes on after them
+        assert buf.store.id_range == (0, 2) and len(buf.store.episodes()) == 1
     whole = sb3.ReplayBuffer(100, box, spaces.Discrete(6), device="cpu", path=tmp_path / "b", frame_stack=1)
     with _closing(whole):
         whole.add(skip[None], skip_next[None], np.array([0]), np.array([0.0]), np.array([True]), [{}])
@@ -346,12 +383,34 @@ def test_vecnormalize_like_sb3(sb3, spaces, tmp_path):
     o = np.array([[0.3, -0.2, 1.5]], np.float32)
     for b in (mine, theirs):
         b.add(o, o + 1, np.array([[0.5]]), np.array([2.0]), np.array([True]), [{}])
+    for x, y in zip(mine.sample(4)[:5], theirs.sample(4)[:5], strict=True):  # without VecNormalize too
+        assert x.dtype == y.dtype and x.shape == y.shape
     a, b = mine.sample(4, env=norm), theirs.sample(4, env=norm)
     assert not np.allclose(a.observations.numpy(), o)  # normalized
     for x, y in zip(a[:5], b[:5], strict=True):
         assert x.dtype == y.dtype and x.shape == y.shape
         assert np.array_equal(x.numpy(), y.numpy())
     mine.close()
+
+
+def test_cpu_samples_stay_as_drawn(sb3, spaces, tmp_path):
+    """CPU samples wrap the batch's arrays without a copy: later samples never write into a sample still held
+    (the store's reader reuses an output buffer only once nothing references it)."""
+    torch = require("torch")
+    seg = next(iter(episodes("pong")))
+    box = spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    buf = sb3.ReplayBuffer(1000, box, spaces.Discrete(6), device="cpu", path=tmp_path / "s", pad="zeros")
+    with _closing(buf):
+        for t in range(60):
+            buf.add(stack_of(seg, t, 4, "zeros", "first")[None], stack_of(seg, t + 1, 4, "zeros", "first")[None],
+                    np.array([t % 6]), np.array([float(t)]), np.array([False]), [{}])
+        held = [buf.sample(32) for _ in range(4)]
+        copies = [[t.clone() for t in s[:5]] for s in held]
+        for _ in range(20):
+            buf.sample(32)
+        for s, c in zip(held, copies, strict=True):
+            for t, u in zip(s[:5], c, strict=True):
+                assert torch.equal(t, u)
 
 
 # -- SB3 algorithms --------------------------------------------------------------------------------------
@@ -477,6 +536,7 @@ def test_close_keeps_the_paired_commit(sb3, spaces, tmp_path):
         buf.add(o + i, o + i + 1, o, np.array([1.0]), np.array([False]), [{}])
     with pytest.warns(UserWarning, match="3 add"):
         buf.close()
+    assert buf.store.closed  # (the 3 adds, never written, stay dropped)
     with mr.ReplayStore.open(tmp_path / "s", mode="r") as st:
         assert st.id_range == (0, 5)
     again = pickle.loads(blob)

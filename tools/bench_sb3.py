@@ -8,8 +8,9 @@ Three measurements, each in a fresh process so that its RssAnon (anonymous resid
   and the time of SB3's save_replay_buffer (a pickle) of it. SB3's own buffer is constructed at the same
   capacity, and what happens is recorded (here: numpy cannot allocate it).
 - rates: at --rate-capacity (where SB3's buffer fits in RAM) both buffers in one process are filled, then
-  add() and sample(32) (CPU tensors) are timed in alternating windows of --seconds, --rounds each;
-  the table gives medians and the ratio mmreplay / SB3 (above 1: mmreplay faster).
+  add(), sample(32) (CPU tensors) and DQN's pattern (4 add() then a sample(32)) are timed in alternating
+  windows of --seconds, --rounds each; the table gives medians, the ratio mmreplay / SB3 (above 1:
+  mmreplay faster) and the CPU each call took (the calling thread's, the whole process's).
 
 Writes the `sb3` section of BENCHMARKS.md. Example: python tools/bench_sb3.py --fill 200000
 """
@@ -34,6 +35,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 GB = 1e9
 K = 4
+WHAT = ("add", "sample", "train")  # what the rates windows time (train: 4 add() then a sample(32), as DQN)
 
 
 def rss_anon() -> int:
@@ -145,31 +147,41 @@ def child_rates(capacity: int, rounds: int, seconds: float, workdir: str) -> dic
     for b in (sb3, mine):
         for i in range(capacity):
             b.add(*rows[i % len(rows)])
-    rates: dict[str, list[float]] = {"sb3 add": [], "mmreplay add": [], "sb3 sample": [], "mmreplay sample": []}
+    rates: dict[str, list[float]] = {}
+    cpu: dict[str, list[tuple[float, float]]] = {}  # (calling thread, whole process) CPU seconds per call
     pos = {"sb3": 0, "mmreplay": 0}
 
-    def window(name: str, b, what: str) -> float:
-        n, t0 = 0, time.perf_counter()
+    def window(name: str, b, what: str) -> tuple[float, float, float]:
+        n, t0, c0, p0 = 0, time.perf_counter(), time.thread_time(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             if what == "add":
                 for _ in range(50):
                     b.add(*rows[pos[name] % len(rows)])
                     pos[name] += 1
                 n += 50
-            else:
+            elif what == "sample":
                 for _ in range(10):
                     b.sample(32)
                 n += 10
-        return n / (time.perf_counter() - t0)
+            else:  # DQN's train_freq=4: four adds, then a sample(32); n counts the adds
+                for _ in range(10):
+                    for _ in range(4):
+                        b.add(*rows[pos[name] % len(rows)])
+                        pos[name] += 1
+                    b.sample(32)
+                n += 40
+        return (n / (time.perf_counter() - t0), (time.thread_time() - c0) / n, (time.process_time() - p0) / n)
 
-    for what in ("add", "sample"):
+    for what in WHAT:
         window("sb3", sb3, what), window("mmreplay", mine, what)  # warm-up
         for r in range(rounds):
             order = [("sb3", sb3), ("mmreplay", mine)] if r % 2 == 0 else [("mmreplay", mine), ("sb3", sb3)]
             for name, b in order:
-                rates[f"{name} {what}"].append(window(name, b, what))
+                rate, thread, proc = window(name, b, what)
+                rates.setdefault(f"{name} {what}", []).append(rate)
+                cpu.setdefault(f"{name} {what}", []).append((thread, proc))
     mine.close(commit=False)
-    return {"capacity": capacity, "rates": rates}
+    return {"capacity": capacity, "rates": rates, "cpu": cpu}
 
 
 def run_child(kind: str, args: argparse.Namespace) -> dict:
@@ -197,6 +209,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--dir", default=None, help="where the stores go (default: the temporary directory)")
     ap.add_argument("--no-write", action="store_true", help="print, do not write BENCHMARKS.md")
+    ap.add_argument("--rates-only", action="store_true", help="run the rates part alone and print it (writes nothing)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -207,19 +220,25 @@ def main() -> None:
         print(json.dumps(child_rates(args.rate_capacity, args.rounds, args.seconds, args.work)))
         return
     load0 = os.getloadavg()[0]
+    if args.rates_only:
+        print(json.dumps(run_child("rates", args)))
+        return
     mem = run_child("memory", args)
     print(json.dumps(mem), flush=True)
     rates = run_child("rates", args)
     print(json.dumps(rates), flush=True)
     from _report import table, write_section
 
-    r = rates["rates"]
+    r, cpu = rates["rates"], rates["cpu"]
     med = {k: statistics.median(v) for k, v in r.items()}
     rows = []
-    for what, unit in (("add", "add()/s"), ("sample", "sample(32)/s")):
+    for what, unit in (("add", "add()/s"), ("sample", "sample(32)/s"), ("train", "4 add() + sample(32), add()/s")):
         ratios = [a / b for a, b in zip(r[f"mmreplay {what}"], r[f"sb3 {what}"], strict=True)]
+        us = {name: [statistics.median(c[i] for c in cpu[f"{name} {what}"]) * 1e6 for i in (0, 1)]
+              for name in ("sb3", "mmreplay")}
         rows.append([unit, f"{med[f'sb3 {what}']:,.0f}", f"{med[f'mmreplay {what}']:,.0f}",
-                     f"{statistics.median(ratios):.2f}"])
+                     f"{statistics.median(ratios):.2f}", f"{us['sb3'][0]:.1f} / {us['sb3'][1]:.1f}",
+                     f"{us['mmreplay'][0]:.1f} / {us['mmreplay'][1]:.1f}"])
     body = (
         "## Stable-Baselines3: `mmreplay.sb3.ReplayBuffer` against SB3's `ReplayBuffer` (Atari frames)\n\n"
         f"Atari observations as SB3's `VecFrameStack` gives them (4x84x84 uint8), the recorded episodes of\n"
@@ -233,8 +252,10 @@ def main() -> None:
              f"{mem['save_s']:.2f} s ({mem['pickle_bytes']:,} bytes)"]])
         + f"\n\nRates at a capacity where SB3's buffer fits ({rates['capacity']:,}, filled), in one process,"
         f" {len(r['sb3 add'])} alternating windows of {args.seconds:g} s each; ratio = mmreplay / SB3 per pair of"
-        " windows, median:\n\n"
-        + table(["", "SB3", "mmreplay", "ratio"], rows)
+        " windows, median. CPU: microseconds of CPU per call (per add() in the last row), of the calling thread /"
+        " of the whole process (mmreplay's background threads: the seal of full chunks (checksums, LZ4, fsync),"
+        " the reader's helpers), medians of the windows:\n\n"
+        + table(["", "SB3", "mmreplay", "ratio", "SB3 CPU us", "mmreplay CPU us"], rows)
         + f"\n\nLoad average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end, on"
         f" {os.cpu_count()} cores: above the core count, other processes shared the machine and the rates are"
         " noisy; the memory and disk figures are not affected.")

@@ -193,13 +193,16 @@ class ChunkRing:
             pass
 
     # -- chunk lifecycle --------------------------------------------------------------------------------
-    def create_chunk(self, seq: int) -> str:
-        """Create (preallocated) files for a new chunk and map them writable. Returns the directory name."""
+    def create_chunk(self, seq: int, sync_dir: bool = True) -> str:
+        """Create (preallocated) files for a new chunk and map them writable. Returns the directory name.
+        ``sync_dir=False``: the caller makes the new directory entries durable (``sync_dir()``) before a
+        manifest names the chunk."""
         name = chunk_name(seq)
         try:
             for col in self.columns:
                 npyfile.create(self.file_path(name, col), col.dtype, (self.schema.chunk_size, *col.shape))
-            fsync_file(os.path.join(self.root, "chunks"))
+            if sync_dir:
+                self.sync_dir()
             self.map_chunk(seq, name, writable=True)
         except BaseException:
             if seq in self.mapped:
@@ -207,6 +210,10 @@ class ChunkRing:
             self.delete_files(name)
             raise
         return name
+
+    def sync_dir(self) -> None:
+        """fsync the chunks directory (the names of the files created in it)."""
+        fsync_file(os.path.join(self.root, "chunks"))
 
     def map_chunk(self, seq: int, name: str, writable: bool, compressed_bytes: int | None = None) -> None:
         """Map chunk ``seq``'s files; with ``compressed_bytes`` (the manifest's size of its compressed frame
