@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from . import _inputs
-from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames
+from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
 from .drawing import Drawer
 from .durability import (
     Durability,
@@ -995,9 +995,12 @@ class ReplayStore:
             self._limiter.publish_size(self._parts.log.index.n_valid)
 
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
-        plan = self._parts.log.index.plan(slots)
-        return assemble(plan, self._parts.log.ring.arrays, ids, self._discounts, self._extra_names,
-                        self._reader, weight)
+        log = self._parts.log
+        arrays = log.ring.arrays
+        planned = log.index.plan_returns(slots, arrays["reward"], self._discounts)
+        if planned is not None:
+            return assemble_planned(planned, slots, arrays, ids, self._extra_names, self._reader, weight)
+        return assemble(log.index.plan(slots), arrays, ids, self._discounts, self._extra_names, self._reader, weight)
 
     def _check_open(self) -> None:
         if self._closed:
