@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._mem import prefetch
+
 # Flag bits (mmreplay/index.py; the layer rules keep this package from importing it, a test checks
 # that the values agree).
 TERMINATED = 2
@@ -110,6 +112,11 @@ def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
             rows_path = True
             break
     _ = n_envs  # streams are implied by the slot layout; kept in config for the caller's checks
+    # Drawn slots are scattered over arrays of megabytes: their lines are nearly all cache misses. Hinted
+    # for every row first, the misses overlap, instead of each row waiting for its own.
+    for b in range(b_count):
+        prefetch(flags, slots[b])  # type: ignore[call-arg]  # (an intrinsic: mypy counts its typing context)
+        prefetch(epos, slots[b])
     for b in range(b_count):
         slot = slots[b]
         if rows_path:
@@ -206,6 +213,8 @@ def plan_returns(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_
     reward_weights = np.empty((b_count, n), np.float64)
     m = np.empty(b_count, np.int64)
     ends = np.zeros((3, b_count), np.bool_)
+    for b in range(b_count):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
+        prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
     zeros = _plan_rows(slots, flags, epos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
                        m, ends)
     values = np.empty((3, b_count), np.float32)
