@@ -456,20 +456,40 @@ class Index:
         (``native.plan.plan_batch``, equal array for array to ``plan.RowMath.plan``, its oracle) while the
         streams are in lockstep and laid out as format 1 lays them out (rows in chunk ``row // R``); the
         numpy plan otherwise (streams written apart: rows mapped through the geometry)."""
+        cfg = self._native_config()
+        if cfg is None:
+            return self.plan_numpy(slots)
+        stacks, pad, reward_slots, reward_weights, m, ends, zeros = native_plan.plan_batch(
+            slots, self._flags, self._epos, self.seq_of_pos, cfg, self.math.gammas)
+        return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
+                    ends[2], stacks, pad, zeros)
+
+    def plan_returns(self, slots: np.ndarray, reward: np.ndarray, discounts: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
+        """``plan`` and the batch's n-step returns in one native pass (``native.plan.plan_returns``: the
+        stacks and their padding, float32 rewards, discounts and ones, the ends, the count of frames to
+        zero), where ``plan`` would take the native pass; None where it would not (then ``plan``).
+        ``reward`` is the ring's reward column, ``discounts`` the float32 ``gamma**m`` table."""
+        cfg = self._native_config()
+        if cfg is None:
+            return None
+        return native_plan.plan_returns(slots, self._flags, self._epos, self.seq_of_pos, cfg, self.math.gammas,
+                                        reward, discounts)
+
+    def _native_config(self) -> np.ndarray | None:
+        """The native plan's ``config``, brought up to date; None while the numpy plan must be used (no numba,
+        or streams written apart)."""
         geo = self.geo
         rows, oldest = self._rows, self._oldest_row
         if not self._native or not geo.lockstep or (
                 geo.num_envs > 1 and (rows.min() != rows.max() or oldest.min() != oldest.max())):
-            return self.plan_numpy(slots)
+            return None
         cfg = self._plan_config
         cfg[native_plan.C_POSITIONS] = geo.positions
         cfg[native_plan.C_HAS_MISSING] = self._has_missing
         cfg[native_plan.C_OLDEST_ROW] = oldest.item(0)
         cfg[native_plan.C_ROWS] = rows.item(0)
-        stacks, pad, reward_slots, reward_weights, m, ends, zeros = native_plan.plan_batch(
-            slots, self._flags, self._epos, self.seq_of_pos, cfg, self.math.gammas)
-        return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
-                    ends[2], stacks, pad, zeros)
+        return cfg
 
     def plan_numpy(self, slots: np.ndarray) -> Plan:
         """``plan`` through numpy (``plan.RowMath.plan``): any layout, and the reference of the native pass."""

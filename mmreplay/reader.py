@@ -327,6 +327,7 @@ class FrameReader:
         self._ways = WayChooser()  # shared with helpers, or alone: whichever is faster now
         self._read_ahead_started = False
         self._ring_fields: np.ndarray | None = None  # the ring's part of a task's fields
+        self._args: tuple[Any, ...] | None = None  # _kernel_args
         self._gate = PostGate()
         self._reads = 0
         self._cpus = min(self.threads, usable_cpus())  # threads that may read at once now
@@ -438,6 +439,7 @@ class FrameReader:
         self.settle()
         self.frames = frames
         self._ring_fields = None
+        self._args = None
 
     def join_stacks(self, posted: PostedStacks) -> tuple[np.ndarray, np.ndarray]:
         """The stacks ``post_stacks`` started reading, once read (this thread reads what the helpers have not
@@ -503,10 +505,15 @@ class FrameReader:
         threading.Thread(target=_advise, args=(starts, ends), daemon=True, name="mmreplay-readahead").start()
 
     def _kernel_args(self) -> tuple[Any, ...]:
-        ring = self._ring
-        assert ring is not None
-        return (ring.raw_frames, ring.comp_bytes, ring.comp_words, ring.frame_kind, ring.comp_table, ring.comp_end,
-                ring.rows_alloc, ring.cstride, ring.frame_bytes)
+        """The ring's arrays and numbers every frame kernel takes (kept until the ring is re-laid out:
+        ``ring_resized``; in between the arrays are updated in place)."""
+        args = self._args
+        if args is None:
+            ring = self._ring
+            assert ring is not None
+            args = self._args = (ring.raw_frames, ring.comp_bytes, ring.comp_words, ring.frame_kind, ring.comp_table,
+                                 ring.comp_end, ring.rows_alloc, ring.cstride, ring.frame_bytes)
+        return args
 
     def take(self, slots: np.ndarray) -> np.ndarray:
         """Frames at ``slots`` (any shape) as a new array ``slots.shape + frame shape``."""

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from . import _inputs
-from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames
+from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
 from .drawing import Drawer
 from .durability import (
     Durability,
@@ -1025,9 +1025,11 @@ class ReplayStore:
 
     @_fault_checked
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
-        plan = self._index.plan(slots)
-        return assemble(plan, self._ring.arrays, ids, self._discounts, self._extra_names,
-                        self._reader, weight)
+        arrays = self._ring.arrays
+        planned = self._index.plan_returns(slots, arrays["reward"], self._discounts)
+        if planned is not None:
+            return assemble_planned(planned, slots, arrays, ids, self._extra_names, self._reader, weight)
+        return assemble(self._index.plan(slots), arrays, ids, self._discounts, self._extra_names, self._reader, weight)
 
     def _check_open(self) -> None:
         if self._closed:

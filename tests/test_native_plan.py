@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import mmreplay as mr
 from mmreplay import index as index_module
-from mmreplay.batch import assemble, nstep_returns_numpy
+from mmreplay.batch import assemble, assemble_planned, nstep_returns_numpy
 from mmreplay.native import plan as native_plan
 
 
@@ -118,6 +118,20 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
     reward, discount = nstep_returns_numpy(arrays["reward"], want, discounts)
     assert reward.tobytes() == batch.reward.tobytes() and batch.reward.dtype == np.float32
     assert discount.tobytes() == batch.discount.tobytes() and batch.discount.dtype == np.float32
+    # sample()'s one pass (plan and returns together) and the batch it assembles
+    planned = idx.plan_returns(slots, arrays["reward"], discounts)
+    if planned is not None:
+        stacks, pad, values, ends, zeros = planned
+        np.testing.assert_array_equal(stacks, got.stacks)
+        np.testing.assert_array_equal(pad, got.pad)
+        np.testing.assert_array_equal(ends, np.stack([got.terminated, got.truncated, got.next_missing]))
+        assert zeros == got.zeros and values.dtype == np.float32
+        assert values[0].tobytes() == reward.tobytes() and values[1].tobytes() == discount.tobytes()
+        assert (values[2] == 1).all()
+        fused = assemble_planned(planned, slots, arrays, ids, (), reader)
+        for name in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "weight"):
+            a, b = getattr(fused, name), getattr(batch, name)
+            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
 
 
 @settings(max_examples=50, deadline=None,

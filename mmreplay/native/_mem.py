@@ -134,14 +134,15 @@ def copy16(typingctx: Any, dst: Any, d: Any, src: Any, s: Any) -> Any:
 
 @intrinsic
 def prefetch(typingctx: Any, src: Any, s: Any) -> Any:
-    """Hint the CPU to bring the cache line holding ``src[s]`` in (for reading); never faults."""
+    """Hint the CPU to bring the cache line holding ``src[s]`` (element ``s``, of any dtype) in (for reading);
+    never faults."""
     sig = types.void(src, s)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
         i32 = ir.IntType(32)
-        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(
-            ir.VoidType(), [ir.IntType(8).as_pointer(), i32, i32, i32]))
-        p = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        i8p = ir.IntType(8).as_pointer()
+        fn = builder.module.declare_intrinsic("llvm.prefetch", fnty=ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]))
+        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), i8p)
         builder.call(fn, [p, i32(0), i32(3), i32(1)])
 
     return sig, codegen

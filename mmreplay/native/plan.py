@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ._mem import prefetch
+
 # Flag bits (mmreplay/index.py; the layer rules keep this package from importing it, a test checks
 # that the values agree).
 TERMINATED = 2
@@ -70,6 +72,25 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     next_pad = pad[1], terminated = ends[0], truncated = ends[1], next_missing = ends[2].
     """
     b_count = slots.shape[0]
+    k = config[C_STACK]
+    n = config[C_N_STEP]
+    stacks = np.empty((2, b_count, k), np.int64)
+    pad = np.zeros((2, b_count, k), np.bool_)
+    reward_slots = np.empty((b_count, n), np.int64)
+    reward_weights = np.empty((b_count, n), np.float64)
+    m_out = np.empty(b_count, np.int64)
+    ends = np.zeros((3, b_count), np.bool_)
+    zeros = _plan_rows(slots, flags, epos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
+                       m_out, ends)
+    return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
+
+
+@njit(cache=True, nogil=True)
+def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray, config: np.ndarray,
+               gammas: np.ndarray, stacks: np.ndarray, pad: np.ndarray, reward_slots: np.ndarray,
+               reward_weights: np.ndarray, m_out: np.ndarray, ends: np.ndarray) -> int:
+    """``plan_batch``'s pass into its output arrays (``pad`` and ``ends`` zeroed); returns ``zeros``."""
+    b_count = slots.shape[0]
     n_envs = config[C_NUM_ENVS]
     rs = config[C_ROWS_PER_STREAM]
     alloc = config[C_ROWS_ALLOC]
@@ -80,12 +101,6 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     has_missing = config[C_HAS_MISSING] != 0
     oldest = config[C_OLDEST_ROW]
     last_row = config[C_ROWS] - 1
-    stacks = np.empty((2, b_count, k), np.int64)
-    pad = np.zeros((2, b_count, k), np.bool_)
-    reward_slots = np.empty((b_count, n), np.int64)
-    reward_weights = np.empty((b_count, n), np.float64)
-    m_out = np.empty(b_count, np.int64)
-    ends = np.zeros((3, b_count), np.bool_)
     zeros = 0
     span = np.empty(k + n, np.int64)  # column c: frame row rho + c - k
     # Index.plan's global choice: through (stream, row) arithmetic for every row as soon as one
@@ -97,6 +112,11 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
             rows_path = True
             break
     _ = n_envs  # streams are implied by the slot layout; kept in config for the caller's checks
+    # Drawn slots are scattered over arrays of megabytes: their lines are nearly all cache misses. Hinted
+    # for every row first, the misses overlap, instead of each row waiting for its own.
+    for b in range(b_count):
+        prefetch(flags, slots[b])  # type: ignore[call-arg]  # (an intrinsic: mypy counts its typing context)
+        prefetch(epos, slots[b])
     for b in range(b_count):
         slot = slots[b]
         if rows_path:
@@ -146,7 +166,7 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
                 pad[0, b, c] = obs_pad
                 pad[1, b, c] = next_pad
                 zeros += obs_pad + next_pad
-    return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
+    return zeros
 
 
 @njit(cache=True, nogil=True)
@@ -155,13 +175,49 @@ def nstep_returns(reward: np.ndarray, reward_slots: np.ndarray, reward_weights: 
     """``(reward, discount)`` float32 (B,) as ``batch.assemble`` computes them: the float64 terms
     ``reward[slot] * weight`` summed strictly in increasing i, then rounded to float32; the discount
     ``discounts[m]`` (float32 table), 0 after a termination."""
-    b_count, n = reward_slots.shape
+    b_count = reward_slots.shape[0]
     out_r = np.empty(b_count, np.float32)
     out_d = np.empty(b_count, np.float32)
+    _returns(reward, reward_slots, reward_weights, discounts, m, terminated, out_r, out_d)
+    return out_r, out_d
+
+
+@njit(cache=True, nogil=True)
+def _returns(reward: np.ndarray, reward_slots: np.ndarray, reward_weights: np.ndarray, discounts: np.ndarray,
+             m: np.ndarray, terminated: np.ndarray, out_r: np.ndarray, out_d: np.ndarray) -> None:
+    """``nstep_returns`` into ``out_r`` and ``out_d``."""
+    b_count, n = reward_slots.shape
     for b in range(b_count):
         acc = np.float64(reward[reward_slots[b, 0]]) * reward_weights[b, 0]  # not 0.0 + ...: keeps -0.0
         for i in range(1, n):
             acc += np.float64(reward[reward_slots[b, i]]) * reward_weights[b, i]
         out_r[b] = np.float32(acc)
         out_d[b] = 0.0 if terminated[b] else discounts[m[b]]
-    return out_r, out_d
+
+
+@njit(cache=True, nogil=True)
+def plan_returns(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray,
+                 config: np.ndarray, gammas: np.ndarray, reward: np.ndarray, discounts: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``plan_batch`` then ``nstep_returns`` in one call, returning only what ``sample()`` hands out or
+    reads with: ``(stacks, pad, values, ends, zeros)`` as ``plan_batch``'s, with ``values`` float32 (3, B):
+    the n-step rewards, the discounts and 1.0 (a uniform batch's weights). Every call from Python pays
+    for typing its arguments and boxing each array it returns: one call that returns five objects costs
+    less than two that return nine (and their caller's ``np.ones``)."""
+    b_count = slots.shape[0]
+    k = config[C_STACK]
+    n = config[C_N_STEP]
+    stacks = np.empty((2, b_count, k), np.int64)
+    pad = np.zeros((2, b_count, k), np.bool_)
+    reward_slots = np.empty((b_count, n), np.int64)
+    reward_weights = np.empty((b_count, n), np.float64)
+    m = np.empty(b_count, np.int64)
+    ends = np.zeros((3, b_count), np.bool_)
+    for b in range(b_count):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
+        prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
+    zeros = _plan_rows(slots, flags, epos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
+                       m, ends)
+    values = np.empty((3, b_count), np.float32)
+    _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
+    values[2, :] = 1.0
+    return stacks, pad, values, ends, zeros

@@ -88,6 +88,12 @@ def _nstep() -> Variants:
     return [(EVERY, (reward, *rest)), (READER, (_ro(reward), *rest))]  # the reward column of a writer, a reader
 
 
+def _plan_returns() -> Variants:
+    head = (_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())
+    reward, discounts = np.zeros(1, np.float32), np.zeros(1, np.float32)
+    return [(EVERY, (*head, reward, discounts)), (READER, (*head, _ro(reward), discounts))]  # a writer's, a reader's
+
+
 def _decode_file() -> Variants:  # framefile.decode_native: one compressed file
     return [(COMPRESSED, (_i64(), _u8(), _u8(), _u8(), _u8().view(np.int64), np.zeros(1, np.int8), _i64(), _i64(),
                           1, 0, 8))]
@@ -122,6 +128,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
     Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
     Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
+    Kernel("plan", "plan_returns", _plan_returns),
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),
     Kernel("lz4", "gather_pairs", lambda: _both(lambda: (_i64(1, 1), _i64(1, 1), 0, 1, _u8()))),
