@@ -309,7 +309,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
 
     # -- SB3's calls --------------------------------------------------------------------------------------
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
-            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+            done: np.ndarray, infos: list[dict[str, Any]] | dict[str, Any]) -> None:
         n, lay = self.n_envs, self.layout
         obs_a = self._obs_arg(obs, "obs")
         next_a = self._obs_arg(next_obs, "next_obs")
@@ -320,11 +320,16 @@ class ReplayBuffer(_SB3ReplayBuffer):
         act = act.reshape(n, self.action_dim).astype(self._action_dtype, copy=False)
         rew = np.asarray(reward, np.float32).reshape(-1)
         dn = np.asarray(done).reshape(-1).astype(bool)
-        if rew.size != n or dn.size != n or len(infos) != n:
-            raise ValueError(f"add(): reward, done and infos need one entry per env ({n}), got {rew.size},"
-                             f" {dn.size} and {len(infos)}")
+        if rew.size != n or dn.size != n:
+            raise ValueError(f"add(): reward and done need one entry per env ({n}), got {rew.size} and {dn.size}")
         timeouts = np.zeros(n, bool)
+        # infos is read only for timeouts, as SB3 reads it: CleanRL passes a Gymnasium vector env's infos
+        # (one dict of arrays, whatever its length) with handle_timeout_termination=False
         if self.handle_timeout_termination:
+            if isinstance(infos, dict) or len(infos) != n:
+                raise ValueError(f"add(): handle_timeout_termination=True reads infos as SB3's VecEnv gives them,"
+                                 f" a list of one dict per env ({n}); got {type(infos).__name__} of {len(infos)}."
+                                 " With a Gymnasium vector env pass handle_timeout_termination=False (CleanRL does)")
             timeouts = np.array([bool(info.get("TimeLimit.truncated", False)) for info in infos])
         terminated, truncated = dn & ~timeouts, dn & timeouts
         f_obs, f_next = lay.frames(obs_a), lay.frames(next_a)

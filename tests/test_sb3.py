@@ -144,6 +144,9 @@ def feed(buf, streams, k, pad, axis, style, steps, n, gamma):
                 infos.append({})
             fed[e][j] = t + 1
             pos[e] = (j + 1, 0) if last else (j, t + 1)
+        if style == "cleanrl":  # a Gymnasium vector env's infos: one dict of arrays (6 keys, not one per env)
+            infos = {k: v for key in ("lives", "episode_frame_number", "frame_number")
+                     for k, v in ((key, np.zeros(n_envs, np.int64)), (f"_{key}", np.ones(n_envs, bool)))}
         buf.add(np.stack(obs), np.stack(nxt), np.stack(acts), np.array(rews), np.array(dones), infos)
     sure, maybe = Counter(), Counter()
     for e, segs in enumerate(streams):
@@ -301,6 +304,9 @@ def test_bad_stacks_are_refused_and_write_nothing(sb3, spaces, tmp_path):
             buf.add(skip[None], skip_next[None], np.array([0]), np.array([0.0]), np.array([False]), [{}])
         with pytest.raises(ValueError, match=r"expected \(1, 4, 84, 84\)"):
             buf.add(first[None, :3], first[None, :3], np.array([0]), np.array([0.0]), np.array([False]), [{}])
+        with pytest.raises(ValueError, match="handle_timeout_termination=False"):  # timeouts need SB3's list
+            buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                    np.array([0]), np.array([0.0]), np.array([False]), {"lives": np.array([3])})
         assert buf.store.id_range == (0, 1) and buf.size() == 1  # the refused calls wrote nothing
     whole = sb3.ReplayBuffer(100, box, spaces.Discrete(6), device="cpu", path=tmp_path / "b", frame_stack=1)
     with _closing(whole):
