@@ -14,7 +14,9 @@ What it does with SB3's calls:
   previous one, if still open, ends truncated at its last step: CleanRL passes only terminations as
   ``done``). ``done`` with ``infos[i]["TimeLimit.truncated"]`` is a truncation when
   ``handle_timeout_termination`` (bootstrap from ``next_obs``, the real final observation), a
-  termination otherwise.
+  termination otherwise. ``infos`` is read for nothing else (CleanRL passes a Gymnasium vector env's
+  dict) but, on a termination whose ``next_obs`` is already the next episode's (Gymnasium 0.29 resets
+  inside ``step``), its ``"final_observation"``: the final frame stored (else ``next_obs``'s; ``dones=1``).
 - Frame stacks (``VecFrameStack`` channels first or last, Gymnasium's ``FrameStackObservation``) are
   stored one frame per step and rebuilt at sample time; every ``add`` checks the stack it was given
   equals the one the store will rebuild, and refuses one that does not (``frame_stack=1`` stores whole
@@ -338,8 +340,19 @@ class ReplayBuffer(_SB3ReplayBuffer):
             self._pad = self._pad_of(f_obs[starts[0]]) if starts else "zeros"
         for i in starts:
             self._check_start(i, f_obs[i])
+        new = f_next[:, -1]
+        if terminated.any():
+            # A termination's next_obs may be the next episode's first observation: Gymnasium 0.29's vector
+            # envs reset inside step() and keep the final one in infos["final_observation"], and CleanRL
+            # passes next_obs unchanged on terminations (no target reads it: dones=1). The final frame is
+            # taken from infos when they hold it, else next_obs's newest frame is stored as it is.
+            for i in np.flatnonzero(terminated).tolist():
+                final = self._final_frames(infos, i)
+                if final is not None and (lay.stack == 1 or _equal(final[:-1], f_obs[i, 1:])):
+                    new = new.copy() if new.base is not None else new  # (not the caller's next_obs)
+                    new[i] = final[-1]
         if lay.stack > 1:
-            bad = [i for i in range(n) if not _equal(f_next[i, :-1], f_obs[i, 1:])]
+            bad = [i for i in range(n) if not terminated[i] and not _equal(f_next[i, :-1], f_obs[i, 1:])]
             if bad:
                 raise ValueError(
                     f"add(): env {bad[0]}'s next_obs is not its obs moved on by one frame (frames 1..{lay.stack - 1}"
@@ -350,7 +363,6 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if self._handle is None:
             self._open_new(self._pad)
         store = self.store
-        new = f_next[:, -1]
         if n == 1:
             if starts:
                 store.reset(f_obs[0, -1])
@@ -374,6 +386,21 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if arr.size != self.n_envs * self.layout.obs_size:
             raise ValueError(f"add(): {what} has shape {arr.shape}, expected {want} (n_envs, *observation shape)")
         return arr.reshape(want).astype(self._obs_dtype, copy=False)
+
+    def _final_frames(self, infos: Any, i: int) -> np.ndarray | None:
+        """Env ``i``'s final observation as frames, from a Gymnasium vector env's ``infos`` (None: not there)."""
+        if not isinstance(infos, dict) or "final_observation" not in infos:
+            return None
+        mask = infos.get("_final_observation")
+        if mask is not None and not bool(np.asarray(mask).reshape(-1)[i]):
+            return None
+        final = infos["final_observation"][i]
+        if final is None:
+            return None
+        final = np.asarray(final)
+        if final.size != self.layout.obs_size:
+            return None
+        return self.layout.frames(final.reshape(1, *self.obs_shape).astype(self._obs_dtype, copy=False))[0]
 
     def _pad_of(self, frames: np.ndarray) -> str:
         """The padding a new episode's stack shows: older frames equal to the newest ("first") or zero."""
