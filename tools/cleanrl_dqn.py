@@ -8,15 +8,16 @@ second copy with one line changed (the buffer's import, ``from stable_baselines3
 ReplayBuffer`` or ``from cleanrl_utils.buffers import ReplayBuffer``, becomes ``from mmreplay.sb3 import
 ReplayBuffer``) and runs both with the same arguments and seed, alternating which goes first each round.
 For each run it prints the script's own last ``SPS`` (steps per second since the buffer was made), the
-steps per second of the whole process, RssAnon and VmRSS (peaks of /proc/PID/status sampled every 0.2 s)
-and the episodic returns the script printed.
+steps per second of the whole process, RssAnon and VmRSS (peaks of /proc/PID/status sampled every 0.2 s;
+RssAnon also when the first ``SPS`` line comes, just after learning starts: what grows after it is mostly
+the buffer's) and the episodic returns the script printed.
 
 ``--python`` is the interpreter of the environment CleanRL runs in (its pins: Gymnasium 0.29; see
 BENCHMARKS.md, "CleanRL dqn_atari.py"); it needs mmreplay's dependencies too (this repository is put on
 its PYTHONPATH, with the CleanRL checkout that holds ``cleanrl_utils``). The script runs unchanged in a
 child process started with ``-c``: that child first imports ``ale_py``, whose import registers the Atari
-ids with Gymnasium >= 1.0; under Gymnasium 0.29 (where ale-py >= 0.9 registers nothing on import) it
-calls ale-py's own registration. Nothing else differs between the two runs.
+ids; under Gymnasium 0.29 (where ale-py 0.12's import skips that: its vector env needs Gymnasium >= 1.0)
+it calls ale-py's own registration. Nothing else differs between the two runs.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Result:
     sps: int | None = None  # the script's last "SPS:" line
     wall: float = 0.0  # seconds, start to exit of the process
     rss_anon: int = 0  # kB, peak of the samples
+    rss_anon_learn: int = 0  # kB, when the first "SPS:" line came (the first multiple of 100 past learning_starts)
     vm_rss: int = 0
     returns: list[tuple[int, float]] = field(default_factory=list)  # (global_step, episodic_return)
 
@@ -136,6 +138,8 @@ def run(name: str, script: str, python: str, env_id: str, args: list[str], cwd: 
             res.returns.append((int(m.group(1)), float(m.group(2))))
         m = re.match(r"SPS: (\d+)", line)
         if m:
+            if res.sps is None:
+                res.rss_anon_learn = status(proc.pid).get("RssAnon", 0)
             res.sps = int(m.group(1))
     rc = proc.wait()
     res.wall = time.perf_counter() - t0
@@ -189,7 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             res = run(name, path, a.python, a.env_id, args, d, pythonpath)
             rets = [x for _, x in res.returns]
             print(f"round {r} {name:8s}: SPS {res.sps} (script), {a.total_timesteps / res.wall:.1f} steps/s"
-                  f" (process, {res.wall:.0f} s), RssAnon {res.rss_anon / 1024:.0f} MB, VmRSS"
+                  f" (process, {res.wall:.0f} s), RssAnon {res.rss_anon / 1024:.0f} MB ({res.rss_anon_learn / 1024:.0f}"
+                  f" MB at step {(a.learning_starts // 100 + 1) * 100}), VmRSS"
                   f" {res.vm_rss / 1024:.0f} MB, {len(rets)} episodes, returns {rets}, load"
                   f" {os.getloadavg()[0]:.2f}", flush=True)
             results.append(res)
