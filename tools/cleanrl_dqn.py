@@ -3,7 +3,8 @@
     python tools/cleanrl_dqn.py PATH/TO/cleanrl/cleanrl/dqn_atari.py [--python PY] [--rounds 2]
         [--total-timesteps 3000] [--learning-starts 1000] [--buffer-size 100000]
 
-Takes the path of your copy of CleanRL's script (this repository holds none of CleanRL's code), makes a
+Takes the path of your copy of CleanRL's script (this repository holds none of CleanRL's code; its other
+off-policy scripts with the same flags work too, e.g. ``dqn.py``, ``sac_continuous_action.py``), makes a
 second copy with one line changed (the buffer's import, ``from stable_baselines3.common.buffers import
 ReplayBuffer`` or ``from cleanrl_utils.buffers import ReplayBuffer``, becomes ``from mmreplay.sb3 import
 ReplayBuffer``) and runs both with the same arguments and seed, alternating which goes first each round.
