@@ -380,7 +380,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
 
     # -- SB3's calls --------------------------------------------------------------------------------------
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
-            done: np.ndarray, infos: list[dict[str, Any]]) -> None:
+            done: np.ndarray, infos: list[dict[str, Any]] | dict[str, Any]) -> None:
         n, lay = self.n_envs, self.layout
         f_obs, f_next = self._frames_arg(obs, "obs"), self._frames_arg(next_obs, "next_obs")
         act = np.asarray(action)
@@ -389,9 +389,14 @@ class ReplayBuffer(_SB3ReplayBuffer):
                              f" {n} * {self.action_dim} (shape {act.shape})")
         rew = np.asarray(reward, np.float32).reshape(-1)
         dn = np.asarray(done).reshape(-1)
-        if rew.size != n or dn.size != n or len(infos) != n:
-            raise ValueError(f"add(): reward, done and infos need one entry per env ({n}), got {rew.size},"
-                             f" {dn.size} and {len(infos)}")
+        if rew.size != n or dn.size != n:
+            raise ValueError(f"add(): reward and done need one entry per env ({n}), got {rew.size} and {dn.size}")
+        # infos is read only for timeouts, as SB3 reads it: CleanRL passes a Gymnasium vector env's infos
+        # (one dict of arrays, whatever its length) with handle_timeout_termination=False
+        if self.handle_timeout_termination and (isinstance(infos, dict) or len(infos) != n):
+            raise ValueError(f"add(): handle_timeout_termination=True reads infos as SB3's VecEnv gives them,"
+                             f" a list of one dict per env ({n}); got {type(infos).__name__} of {len(infos)}."
+                             " With a Gymnasium vector env pass handle_timeout_termination=False (CleanRL does)")
         # per env in Python: a few envs (one, mostly) cost less as scalars than as numpy calls
         # (cast here to the stored dtype, as SB3 does: a value it cannot take is refused now, not when written)
         rewards, actions = rew.tolist(), act.reshape(n, self.action_dim).astype(self._action_dtype, copy=False).tolist()
@@ -403,6 +408,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if not any(done_l):
             ends = [0] * n
         elif self.handle_timeout_termination:  # a done with TimeLimit.truncated: the episode was cut
+            assert not isinstance(infos, dict)  # (refused above: one dict per env is read)
             ends = [(_TRUNC if info.get("TimeLimit.truncated", False) else _TERM) if d else 0
                     for d, info in zip(done_l, infos, strict=True)]
         else:
@@ -419,9 +425,20 @@ class ReplayBuffer(_SB3ReplayBuffer):
             self._pad = self._pad_of(f_obs[starts[0]]) if starts else "zeros"
         for i in starts:
             self._check_start(i, f_obs[i])
+        new = f_next[:, -1]  # each env's frame to store
+        if _TERM in ends:
+            # A termination's next_obs may be the next episode's first observation: Gymnasium 0.29's vector
+            # envs reset inside step() and keep the final one in infos["final_observation"], and CleanRL
+            # passes next_obs unchanged on terminations (no target reads it: dones=1). The final frame is
+            # taken from infos when they hold it, else next_obs's newest frame is stored as it is.
+            for i in [i for i in range(n) if ends[i] == _TERM]:
+                final = self._final_frames(infos, i)
+                if final is not None and (lay.stack == 1 or final[:-1].tobytes() == f_obs[i, 1:].tobytes()):
+                    new = new.copy() if new.base is not None else new  # (not the caller's next_obs)
+                    new[i] = final[-1]
         if lay.stack > 1:
             older = len(obs_b[0]) // lay.stack  # bytes of one frame: obs's newer frames start there
-            bad = [i for i in range(n) if not next_b[i].startswith(memoryview(obs_b[i])[older:])]
+            bad = [i for i in range(n) if ends[i] != _TERM and not next_b[i].startswith(memoryview(obs_b[i])[older:])]
             if bad:
                 raise ValueError(
                     f"add(): env {bad[0]}'s next_obs is not its obs moved on by one frame (frames 1..{lay.stack - 1}"
@@ -441,11 +458,11 @@ class ReplayBuffer(_SB3ReplayBuffer):
         count = pend.count
         c = count[0]
         if n == 1 or count.count(c) == n:  # every env's block as long: one copy of the new frames
-            pend.frames[:, c] = f_next[:, -1]
+            pend.frames[:, c] = new
             count[:] = [c + 1] * n
         else:
             for i in range(n):
-                pend.frames[i, count[i]] = f_next[i, -1]
+                pend.frames[i, count[i]] = new[i]
                 count[i] += 1
         for i in range(n):
             pend.actions[i].append(actions[i])
@@ -473,6 +490,21 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if lay.stack == 1 or lay.axis == "first":  # (what lay.frames does with these, in one reshape)
             return arr.reshape(self.n_envs, lay.stack, *lay.frame_shape)
         return lay.frames(arr.reshape(self.n_envs, *self.obs_shape))
+
+    def _final_frames(self, infos: Any, i: int) -> np.ndarray | None:
+        """Env ``i``'s final observation as frames, from a Gymnasium vector env's ``infos`` (None: not there)."""
+        if not isinstance(infos, dict) or "final_observation" not in infos:
+            return None
+        mask = infos.get("_final_observation")
+        if mask is not None and not bool(np.asarray(mask).reshape(-1)[i]):
+            return None
+        final = infos["final_observation"][i]
+        if final is None:
+            return None
+        final = np.asarray(final)
+        if final.size != self.layout.obs_size:
+            return None
+        return self.layout.frames(final.reshape(1, *self.obs_shape).astype(self._obs_dtype, copy=False))[0]
 
     def _pad_of(self, frames: np.ndarray) -> str:
         """The padding a new episode's stack shows: older frames equal to the newest ("first") or zero."""

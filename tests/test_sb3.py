@@ -128,12 +128,18 @@ def feed(buf, streams, k, pad, axis, style, steps, n, gamma):
     fed = [[0] * len(s) for s in streams]
     for _ in range(steps):
         obs, nxt, acts, rews, dones, infos = [], [], [], [], [], []
+        finals = np.full(n_envs, None, object)
         for e, segs in enumerate(streams):
             j, t = pos[e]
             seg = segs[j]
             last = t + 1 == seg.T
             obs.append(stack_of(seg, t, k, pad, axis))
             nxt.append(stack_of(seg, t + 1, k, pad, axis))  # the real final observation on the last step
+            if style == "cleanrl" and last and seg.end == "terminated" and j + 1 < len(segs):
+                # Gymnasium 0.29 resets inside step(): next_obs is the next episode's first stack, the final
+                # one is in infos["final_observation"] (CleanRL replaces next_obs by it on truncations only)
+                finals[e] = nxt[-1]
+                nxt[-1] = stack_of(segs[j + 1], 0, k, pad, axis)
             acts.append(seg.actions[t])
             rews.append(seg.rewards[t])
             if style == "sb3":
@@ -144,6 +150,11 @@ def feed(buf, streams, k, pad, axis, style, steps, n, gamma):
                 infos.append({})
             fed[e][j] = t + 1
             pos[e] = (j + 1, 0) if last else (j, t + 1)
+        if style == "cleanrl":  # a Gymnasium vector env's infos: one dict of arrays (not one entry per env)
+            infos = {k: v for key in ("lives", "episode_frame_number", "frame_number")
+                     for k, v in ((key, np.zeros(n_envs, np.int64)), (f"_{key}", np.ones(n_envs, bool)))}
+            if any(f is not None for f in finals):
+                infos.update(final_observation=finals, _final_observation=np.array([f is not None for f in finals]))
         buf.add(np.stack(obs), np.stack(nxt), np.stack(acts), np.array(rews), np.array(dones), infos)
     sure, maybe = Counter(), Counter()
     for e, segs in enumerate(streams):
@@ -296,6 +307,30 @@ def test_timeouts_as_terminations_without_handling(sb3, spaces, tmp_path):
         check_buffer(buf, sure, maybe)
 
 
+def test_termination_with_the_next_episodes_stack_as_next_obs(sb3, spaces, tmp_path):
+    # CleanRL on Gymnasium 0.29 without infos["final_observation"]: the termination is kept and next_obs's
+    # newest frame stored as the final one (no target reads it: dones=1)
+    seg = next(iter(episodes("pong")))
+    a = Segment(seg.frames[:10], seg.actions[:9], seg.rewards[:9], "terminated")
+    b = Segment(seg.frames[60:70], seg.actions[60:69], seg.rewards[60:69], "truncated")
+    buf = sb3.ReplayBuffer(100, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cpu",
+                           handle_timeout_termination=False, pad="first", path=tmp_path / "s")
+    with _closing(buf):
+        for t in range(a.T):
+            last = t + 1 == a.T
+            nxt = stack_of(b, 0, 4, "first", "first") if last else stack_of(a, t + 1, 4, "first", "first")
+            buf.add(stack_of(a, t, 4, "first", "first")[None], nxt[None], np.array([a.actions[t]]),
+                    np.array([a.rewards[t]]), np.array([last]), {"lives": np.array([3])})
+        buf.add(stack_of(b, 0, 4, "first", "first")[None], stack_of(b, 1, 4, "first", "first")[None],
+                np.array([b.actions[0]]), np.array([b.rewards[0]]), np.array([False]), {})
+        assert buf.store.id_range == (0, a.T + 1)
+        got = buf.sample(64)
+        ends = got.dones[:, 0].numpy() == 1
+        assert ends.any()
+        for nxt in got.next_observations[ends].numpy():
+            assert np.array_equal(nxt[:3], a.frames[a.T - 3:a.T]) and np.array_equal(nxt[3], b.frames[0])
+
+
 class _closing:
     def __init__(self, buf):
         self.buf = buf
@@ -334,6 +369,9 @@ def test_bad_stacks_are_refused_and_write_nothing(sb3, spaces, tmp_path):
         with pytest.raises(ValueError, match="finite"):  # (refused at add(), not when its block is written)
             buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
                     np.array([0]), np.array([np.inf]), np.array([False]), [{}])
+        with pytest.raises(ValueError, match="handle_timeout_termination=False"):  # timeouts need SB3's list
+            buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
+                    np.array([0]), np.array([0.0]), np.array([False]), {"lives": np.array([3])})
         assert buf._handle.pending.count == [1]  # the accepted add waits in its block, the refused ones are not in it
         assert buf.store.id_range == (0, 1) and buf.size() == 1  # the refused calls wrote nothing
         buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
