@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 
 import numpy as np
 import pytest
@@ -83,12 +84,17 @@ def test_failed_background_seal_surfaces_at_the_next_commit(tmp_path, monkeypatc
     path = str(tmp_path / "s")
     s, committed = _committed_store(path, 3)
     real = ring.ChunkRing.finish_seal
+    tried = threading.Event()
 
     def broken(self, seq):
+        tried.set()
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(ring.ChunkRing, "finish_seal", broken)
     _steps(s, 8, start=3)  # fills a chunk: its seal fails in the background
+    # (the sealer thread runs queued work first, a directory sync or a deletion: the real seal is put back
+    # only once the broken one ran)
+    assert tried.wait(30), "the full chunk's seal never ran"
     monkeypatch.setattr(ring.ChunkRing, "finish_seal", real)
     with pytest.raises(mr.StoreIOError, match="Input/output error"):
         s.commit()
