@@ -205,18 +205,11 @@ def plan_returns(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_
     for typing its arguments and boxing each array it returns: one call that returns five objects costs
     less than two that return nine (and their caller's ``np.ones``)."""
     b_count = slots.shape[0]
-    k = config[C_STACK]
-    n = config[C_N_STEP]
-    stacks = np.empty((2, b_count, k), np.int64)
-    pad = np.zeros((2, b_count, k), np.bool_)
-    reward_slots = np.empty((b_count, n), np.int64)
-    reward_weights = np.empty((b_count, n), np.float64)
-    m = np.empty(b_count, np.int64)
-    ends = np.zeros((3, b_count), np.bool_)
     for b in range(b_count):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
         prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
-    zeros = _plan_rows(slots, flags, epos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
-                       m, ends)
+    # (a call between compiled functions: nothing is boxed)
+    stacks, pad, reward_slots, reward_weights, m, ends, zeros = plan_batch(slots, flags, epos, seq_of_pos, config,
+                                                                           gammas)
     values = np.empty((3, b_count), np.float32)
     _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
     values[2, :] = 1.0
