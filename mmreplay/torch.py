@@ -558,13 +558,12 @@ class DeviceBatches(Iterator[Any]):
             array[head:head + n] = batch.obs_index.reshape(-1).view(np.uint8)
             if not self.sequences:
                 array[head + n:head + 2 * n] = batch.next_index.reshape(-1).view(np.uint8)
-        for (_, a), (off, n) in zip(cols, lay.cols, strict=True):
+        for (_, a), (_, off, n, _, _) in zip(cols, lay.cols, strict=True):
             array[head + off:head + off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         assert slot.host is not None
-        values, copied, ready = self.copier.send(slot.host[:head + lay.size],
-                                                 lambda dev: lay.unpack(dev, head, fr.shape[0]))
+        (values, keep), copied, ready = self.copier.send(slot.host[:head + lay.size],
+                                                         lambda dev: lay.unpack(dev, head, fr.shape[0]))
         self.ring.give(slot, copied)
-        keep = values.pop(_KEEP)
         return _Sent(self._wrap(values), ready, keep)
 
     # the consumer's thread ------------------------------------------------------------------------------
@@ -585,13 +584,11 @@ class DeviceBatches(Iterator[Any]):
         self._it.close()
 
 
-_KEEP = "_keep"  # unpack's entry: the device tensors the consumer's stream must keep alive
-
-
 class _Layout:
     """A feed batch's packed layout, offsets from the end of its distinct frames (``head``, 64-byte aligned;
     0 for host-built stacks, which come first instead): [stacks' positions (or the stacks)] [columns], each
-    part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied buffer."""
+    part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied buffer.
+    ``cols``: each column's (name, offset, bytes, torch dtype, shape; None for 1-D)."""
 
     def __init__(self, host_stacks: bool, sequences: bool, frames: np.ndarray, index: np.ndarray,
                  cols: list[tuple[str, np.ndarray]]) -> None:
@@ -612,35 +609,33 @@ class _Layout:
         else:
             end = _align(len(self.names) * index.nbytes)
         self.positions = len(self.names) * index.nbytes
-        self.cols: list[tuple[int, int]] = []
-        self.dev_cols: list[tuple[str, int, int, torch.dtype, tuple[int, ...] | None]] = []
+        self.cols: list[tuple[str, int, int, torch.dtype, tuple[int, ...] | None]] = []
         for name, a in cols:
-            self.cols.append((end, a.nbytes))
             # (a 1-D column needs no reshape: each view is a dispatch on the feeding thread, holding the GIL)
-            self.dev_cols.append((name, end, a.nbytes, _torch_dtype(a.dtype), tuple(a.shape) if a.ndim != 1 else None))
+            self.cols.append((name, end, a.nbytes, _torch_dtype(a.dtype), tuple(a.shape) if a.ndim != 1 else None))
             end = _align(end + a.nbytes)
         self.size = end
 
-    def unpack(self, dev: torch.Tensor, head: int, nframes: int) -> dict[str, Any]:
-        """The batch's device tensors: views of ``dev``, but the stacks, one gather from the frames."""
-        values: dict[str, Any] = {}
-        for name, off, n, dtype, shape in self.dev_cols:
+    def unpack(self, dev: torch.Tensor, head: int, nframes: int
+               ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        """The batch's device tensors (views of ``dev``, but the stacks, one gather from the frames) and the
+        tensors whose memory they use (for the consumer's stream to keep alive)."""
+        values: dict[str, torch.Tensor] = {}
+        for name, off, n, dtype, shape in self.cols:
             col = dev[head + off:head + off + n].view(dtype)
             values[name] = col if shape is None else col.view(shape)
         if self.host_stacks:
             shape = self.index_shape + self.fshape
             for name, (off, n) in zip(self.names, self.stacks, strict=True):
                 values[name] = dev[off:off + n].view(self.fdtype).view(shape)
-            values[_KEEP] = [dev]
-            return values
+            return values, [dev]
         frames = dev[:nframes * self.frame_bytes].view(self.fdtype)
         frames = frames.view((nframes,) + self.fshape)
         index = dev[head:head + self.positions].view(self.index_dtype)
         stacks = torch.index_select(frames, 0, index).view((len(self.names),) + self.index_shape + self.fshape)
         for name, stack in zip(self.names, stacks.unbind(0), strict=True):
             values[name] = stack
-        values[_KEEP] = [dev, stacks]
-        return values
+        return values, [dev, stacks]
 
 
 class _Sent:
