@@ -39,7 +39,6 @@ from .errors import (
     StoreClosedError,
 )
 from .log import ChunkLog
-from .native.busguard import COUNT, counter
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
@@ -53,6 +52,7 @@ from .sequences import SequencePlan
 from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
+from .storage.ring import fault_checked
 from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
@@ -70,26 +70,6 @@ def _serialized(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return cast(_F, locked)
-
-
-def _fault_checked(method: _F) -> _F:
-    """``method`` reads through the ring's mappings: a read that went past a truncated file's end (patched
-    with zeros by the SIGBUS guard) raises ``CorruptStoreError`` instead of returning its result
-    (``ChunkRing.check_faults``: one comparison), also when the read failed on the zeros it found."""
-
-    @functools.wraps(method)
-    def checked(self: ReplayStore, *args: Any, **kwargs: Any) -> Any:
-        try:
-            out = method(self, *args, **kwargs)
-        except Exception:
-            self._parts.log.ring.check_faults()
-            raise
-        ring = self._parts.log.ring
-        if counter[COUNT] != ring.faults_seen:  # (``check_faults`` inlined: this runs for every batch)
-            ring.check_faults()
-        return out
-
-    return cast(_F, checked)
 
 
 class _RingEvents:
@@ -581,7 +561,7 @@ class ReplayStore:
 
     # -- tables ------------------------------------------------------------------------------------------
     @_serialized
-    @_fault_checked
+    @fault_checked
     def _table_columns(self) -> dict[str, np.ndarray]:
         from .tables import transition_columns
 
@@ -611,7 +591,7 @@ class ReplayStore:
         self._sync()
         return self._drawer.draw(self._parts.sampler, self._index, b, replace, beta, plan)
 
-    @_fault_checked
+    @fault_checked
     def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
         read by the reader's helper, ``then`` run once they are). Its plan was made when it was drawn, so
@@ -622,7 +602,7 @@ class ReplayStore:
         return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
-    @_fault_checked
+    @fault_checked
     def _assemble_frame_draw(self, d: Draw, posted: None = None, then: None = None,
                              frame_buffer: FrameBuffer | None = None) -> FrameBatch:
         """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
@@ -681,7 +661,7 @@ class ReplayStore:
                                      assemble, self._index, (b, n, strict),
                                      p, self._limit.on_hand_out, guard=self._lock)
 
-    @_fault_checked
+    @fault_checked
     def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
@@ -690,7 +670,7 @@ class ReplayStore:
                                         d.weight, frame_buffer)
 
     @_serialized
-    @_fault_checked
+    @fault_checked
     def gather_sequences(self, index: Any, length: int) -> SequenceBatch:
         """The sequences of ``length`` steps starting at the given transition ids (e.g. ``seq.index``), as
         ``sample_sequences`` builds them from the store as it is now (weights 1).
@@ -711,7 +691,7 @@ class ReplayStore:
         self._sync()
         return self._drawer.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
-    @_fault_checked
+    @fault_checked
     def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
@@ -779,7 +759,7 @@ class ReplayStore:
 
     # -- episodes --------------------------------------------------------------------------------------
     @_serialized
-    @_fault_checked
+    @fault_checked
     def episodes(self) -> EpisodeTable:
         """The episodes with at least one retained frame (see ``EpisodeTable``); ``.complete`` marks
         the ones whose first observation is retained and that have ended."""
@@ -787,7 +767,7 @@ class ReplayStore:
         return self._index.episodes(self._ring.arrays["reward"])
 
     @_serialized
-    @_fault_checked
+    @fault_checked
     def episode_frames(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Observations ``start .. stop-1`` of episode ``i`` of ``table`` (positions 0..length; a copy).
 
@@ -796,7 +776,7 @@ class ReplayStore:
         return episode_frames(self._index, self._reader.take, table, i, start, stop)
 
     @_serialized
-    @_fault_checked
+    @fault_checked
     def episode_steps(self, table: EpisodeTable, i: int, start: int = 0, stop: int | None = None) -> EpisodeSteps:
         """Actions, rewards, flags and extras of steps ``start .. stop-1`` of episode ``i`` (copies)."""
         self._check_open()
@@ -1023,7 +1003,7 @@ class ReplayStore:
         if self._limiter is not None and self._limiter.writer:
             self._limiter.publish_size(self._index.n_valid)
 
-    @_fault_checked
+    @fault_checked
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         arrays = self._ring.arrays
         planned = self._index.plan_returns(slots, arrays["reward"], self._discounts)

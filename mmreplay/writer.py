@@ -25,9 +25,8 @@ Episode rules (FORMAT.md and README):
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -35,28 +34,10 @@ from ._inputs import Block, Inputs
 from .errors import EpisodeStateError
 from .layout import END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED
 from .log import ChunkLog
-from .native.busguard import COUNT, counter
 from .options import Schema
+from .storage.ring import fault_checked
 
 T = TypeVar("T")
-_W = TypeVar("_W", bound=Callable[..., Any])
-
-
-def _fault_checked(method: _W) -> _W:
-    """``method`` writes through the ring's mappings: a store into a file truncated under the store (the
-    SIGBUS guard caught it; the row went nowhere) raises ``CorruptStoreError`` (``ChunkRing.check_faults``:
-    one comparison)."""
-
-    @functools.wraps(method)
-    def checked(self: EpisodeWriter, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            ring = self._log.ring
-            if counter[COUNT] != ring.faults_seen:  # (``check_faults`` inlined: this runs for every step)
-                ring.check_faults()
-
-    return cast(_W, checked)
 
 
 class EpisodeWriter:
@@ -65,6 +46,7 @@ class EpisodeWriter:
     def __init__(self, schema: Schema, log: ChunkLog, inputs: Inputs) -> None:
         self._schema = schema
         self._log = log
+        self._ring = log.ring  # (what fault_checked checks)
         self._inputs = inputs
         self._obs_dtype = schema.obs_dtype
         self._extra_names = tuple(e.name for e in schema.extras)
@@ -92,7 +74,7 @@ class EpisodeWriter:
         return self._ep_open.copy()
 
     # -- reset -----------------------------------------------------------------------------------------
-    @_fault_checked
+    @fault_checked
     def reset(self, obs: Any, head_lost: bool = False, env: int | None = None) -> None:
         """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
 
@@ -173,7 +155,7 @@ class EpisodeWriter:
         return int(env)
 
     # -- step ------------------------------------------------------------------------------------------
-    @_fault_checked
+    @fault_checked
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any,
              extras: dict[str, Any]) -> None:
         """Append one transition per env (see the module docstring for the rules).
@@ -312,7 +294,7 @@ class EpisodeWriter:
                 f"extend(env={s}) after the episode ended (terminated or truncated): call {hint} to start the next one")
         return s, blk
 
-    @_fault_checked
+    @fault_checked
     def write_extend(self, s: int, blk: Block, final_missing: bool) -> int:
         """Write a block ``check_extend`` accepted for stream ``s``; returns its first id."""
         n = blk.length

@@ -23,8 +23,9 @@ import functools
 import os
 import stat
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -103,6 +104,26 @@ def crc32_file_data(path: str) -> int:
             crc = zlib.crc32(block, crc)
     return crc
 
+
+_M = TypeVar("_M", bound=Callable[..., Any])
+
+
+def fault_checked(method: _M) -> _M:
+    """A method of an object whose ``_ring`` it reads or writes through: a read or write that went past a
+    truncated file's end (patched with zeros by the SIGBUS guard; a write went nowhere) raises
+    ``CorruptStoreError`` instead of returning, also when the method failed on the zeros it found.
+    ``check_faults`` inlined: this runs for every batch and every step."""
+
+    @functools.wraps(method)
+    def checked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            ring = self._ring
+            if counter[COUNT] != ring.faults_seen:
+                ring.check_faults()
+
+    return cast(_M, checked)
 
 class ChunkRing:
     """Maps chunk files into per-column virtual ranges and gives ring-shaped numpy views."""
