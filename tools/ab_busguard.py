@@ -1,6 +1,6 @@
 """What the SIGBUS guard's checks cost a ``sample(32)`` and a ``step()``: thread CPU time, in alternating
-windows of one process, with the checks (the store's and the writer's ``_fault_checked`` wrappers) and
-without them (the wrapped methods put back in their place). The guard's handler costs nothing until a
+windows of one process, with the checks (``storage.ring.fault_checked`` around the store's reads and the
+writer's calls) and without them (the wrapped methods put back in their place). The guard's handler costs nothing until a
 fault, so the checks are all there is to measure on the normal path.
 
     python tools/ab_busguard.py [--capacity 30000] [--windows 21] [--per-window 300]
