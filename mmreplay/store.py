@@ -22,10 +22,10 @@ import numpy as np
 
 from . import _inputs
 from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
-from .drawing import Drawer
+from .drawing import DrawState
 from .durability import (
+    CommittedParts,
     Durability,
-    Parts,
     create_store,
     json_dict,
     load_snapshot,
@@ -42,7 +42,7 @@ from .log import ChunkLog
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
-from .prefetch import BatchIterator, Draw
+from .prefetch import BatchIterator, DrawnBatch
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
 from .sampling import Priorities, make_sampler
@@ -88,7 +88,7 @@ class _RingEvents:
     def before_unmap(self) -> None:
         store = self._store()
         if store is not None:
-            store._drawer.drain()
+            store._draw_state.drain()
             store._reader.settle()  # (a read posted by an iterator that was dropped unclosed)
 
     def slots_cleared(self, slots: np.ndarray) -> None:
@@ -103,22 +103,22 @@ class _RingEvents:
             store._reader.ring_resized(store._ring.arrays["obs"])
 
 
-class _Held:
+class _Resources:
     """What an open store holds outside Python's memory (mappings, threads, the lock): released by
     ``close()``, or when the store is dropped without it (then nothing is committed, as after a crash)."""
 
     def __init__(self) -> None:
         self.log: ChunkLog | None = None
         self.reader: FrameReader | None = None
-        self.drawer: Drawer | None = None
+        self.draw_state: DrawState | None = None
         self.limiter: RateLimiter | None = None
         self.lock_fd: int | None = None
         self.failed = False  # a disk error already turned the store read-only
 
     def release(self) -> None:
         try:
-            if self.drawer is not None:
-                self.drawer.close()
+            if self.draw_state is not None:
+                self.draw_state.close()
             if self.reader is not None:
                 self.reader.close()
             if self.log is not None:
@@ -128,7 +128,7 @@ class _Held:
         finally:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
-            self.log = self.reader = self.drawer = self.limiter = None
+            self.log = self.reader = self.draw_state = self.limiter = None
             self.lock_fd = None
 
 
@@ -165,17 +165,17 @@ class ReplayStore:
         self._read_ahead = read_ahead
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
-        self._drawer = Drawer(manifest, seed)
-        self._held = _Held()
-        self._held.drawer, self._held.lock_fd = self._drawer, lock_fd
-        self._release = weakref.finalize(self, self._held.release)
+        self._draw_state = DrawState(manifest, seed)
+        self._resources = _Resources()
+        self._resources.draw_state, self._resources.lock_fd = self._draw_state, lock_fd
+        self._release = weakref.finalize(self, self._resources.release)
         self._writer: EpisodeWriter | None = None
         try:
-            self._limiter = self._held.limiter = store_limiter(path, schema, manifest, mode == "r+")
+            self._limiter = self._resources.limiter = store_limiter(path, schema, manifest, mode == "r+")
             self._limit = StoreLimit(self._limiter, self._events.sync)
             self._attach(manifest)
         except BaseException:
-            self._held.lock_fd = None  # open() closes it
+            self._resources.lock_fd = None  # open() closes it
             self._release()
             raise
         if self._limiter is not None and mode == "r+":
@@ -198,14 +198,14 @@ class ReplayStore:
         except BaseException:
             log.close()
             raise
-        self._parts = Parts(log, sampler, self._drawer, self._limiter)
+        self._parts = CommittedParts(log, sampler, self._draw_state, self._limiter)
         # the log's index and ring, which the calls below read (both live as long as the log)
         self._index, self._ring = log.index, log.ring
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead, ring=log.ring)
-        self._held.log, self._held.reader = log, self._reader
+        self._resources.log, self._resources.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
 
@@ -463,7 +463,7 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         d = self._limit.sample(b, lambda: self._draw(b, bool(replace), beta))
-        assert d.slots is not None  # (Drawer.draw always finds them)
+        assert d.slots is not None  # (DrawState.draw always finds them)
         return self._assemble(d.slots, d.ids, d.weight)
 
     @_serialized
@@ -494,7 +494,7 @@ class ReplayStore:
             assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
-        return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
+        return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
                                      self._index, (b, 0, False), p, self._limit.on_hand_out,
                                      None if distinct else self._post_draw, guard=self._lock)
 
@@ -555,7 +555,7 @@ class ReplayStore:
 
     def _after_validity_change(self, dropped: np.ndarray) -> None:
         self._parts.sampler.slots_cleared(dropped)
-        self._drawer.discard_pending()  # drawn rows may have just been invalidated
+        self._draw_state.discard_pending()  # drawn rows may have just been invalidated
         if self._limiter is not None:
             self._limiter.publish_size(self._index.n_valid)
 
@@ -587,23 +587,23 @@ class ReplayStore:
 
         return pandas_frame(self._table_columns())
 
-    def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
+    def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> DrawnBatch:
         self._sync()
-        return self._drawer.draw(self._parts.sampler, self._index, b, replace, beta, plan)
+        return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan)
 
     @fault_checked
-    def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
+    def _assemble_draw(self, d: DrawnBatch, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
         read by the reader's helper, ``then`` run once they are). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
-            raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
+            raise RuntimeError("a prefetched draw has no plan")  # DrawState.draw(plan=True) always makes one
         return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
     @fault_checked
-    def _assemble_frame_draw(self, d: Draw, posted: None = None, then: None = None,
+    def _assemble_frame_draw(self, d: DrawnBatch, posted: None = None, then: None = None,
                              frame_buffer: FrameBuffer | None = None) -> FrameBatch:
         """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
         if not isinstance(d.plan, Plan):
@@ -611,7 +611,7 @@ class ReplayStore:
         return assemble_frames(d.plan, self._ring.arrays, d.ids.copy(), self._discounts,
                                self._extra_names, self._reader, d.weight, frame_buffer)
 
-    def _post_draw(self, d: Draw) -> PostedStacks | None:
+    def _post_draw(self, d: DrawnBatch) -> PostedStacks | None:
         """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see
         ``FrameReader.post_stacks``)."""
         if not isinstance(d.plan, Plan):
@@ -657,12 +657,12 @@ class ReplayStore:
             assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
-        return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
+        return self._draw_state.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      assemble, self._index, (b, n, strict),
                                      p, self._limit.on_hand_out, guard=self._lock)
 
     @fault_checked
-    def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
+    def _assemble_sequence_frame_draw(self, d: DrawnBatch, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")
@@ -687,12 +687,12 @@ class ReplayStore:
         plan = idx.sequence_plan(idx.slots_of(ids), n)
         return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
-    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
+    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> DrawnBatch:
         self._sync()
-        return self._drawer.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
+        return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @fault_checked
-    def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
+    def _assemble_sequence_draw(self, d: DrawnBatch) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
@@ -926,7 +926,7 @@ class ReplayStore:
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader
-        self._drawer.end_iterators()
+        self._draw_state.end_iterators()
 
         def attach(manifest: dict[str, Any]) -> bool:
             if int(manifest.get("generation", 0)) == self._durable.generation:
@@ -954,7 +954,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
-            self._held.failed = self._durable.failed is not None
+            self._resources.failed = self._durable.failed is not None
             self._release()
 
     def __enter__(self) -> ReplayStore:
@@ -966,29 +966,29 @@ class ReplayStore:
     # -- internals -------------------------------------------------------------------------------------
     def _forked(self, consistent: bool) -> None:
         """In a forked child (``os.register_at_fork``): the parent's threads are gone, so what they own is
-        dropped, never joined or waited for: the prefetch pool and iterators' copies (``Drawer.forked``), the
+        dropped, never joined or waited for: the prefetch pool and iterators' copies (``DrawState.forked``), the
         reader's pool and helper (``FrameReader.forked``), the sealer and its seals in flight
         (``ChunkLog.forked``). Sampling goes on through the inherited mappings. A store opened for writing
         turns read-only: the parent goes on writing, and the child's ``close()`` and exit commit nothing; its
         copy of the lock descriptor is closed (the parent keeps the lock). ``consistent``: the forking thread
         held the store's lock (no call of another thread was half-way); otherwise the child cannot use it."""
         self._lock = threading.RLock()  # (a parent's thread may have held the old one)
-        self._drawer.forked(self._lock)
+        self._draw_state.forked(self._lock)
         self._reader.forked()
         self._parts.log.forked()
         if self._mode == "r+":
-            if self._held.lock_fd is not None:
+            if self._resources.lock_fd is not None:
                 try:
-                    os.close(self._held.lock_fd)
+                    os.close(self._resources.lock_fd)
                 except OSError:
                     pass
-                self._held.lock_fd = None
+                self._resources.lock_fd = None
             self._durable.failed = ReadOnlyStoreError(
                 f"the store {self._path} was opened for writing in the parent process, which goes on writing it:"
                 " this forked child may sample from it but not write, commit or save; open the store in the"
                 " child with ReplayStore.open(path, mode='r') to follow the parent's commits")
         if not consistent:
-            self._drawer.end_iterators()  # (as close() ends them; nothing of theirs is running here)
+            self._draw_state.end_iterators()  # (as close() ends them; nothing of theirs is running here)
             self._closed = True
             self._closed_why = (
                 f"the store {self._path} was in use by another thread of the parent process when it forked (for"
