@@ -74,16 +74,16 @@ def _serialized(method: _F) -> _F:
 
 class _RingEvents:
     """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
-    limit's calls to ``ReplayStore._sync``; holds the store weakly, so that it can be dropped unclosed."""
+    limit's calls to ``ReplayStore._settle``; holds the store weakly, so that it can be dropped unclosed."""
 
     def __init__(self, store: ReplayStore) -> None:
         self._store = weakref.ref(store)
 
-    def sync(self) -> None:
+    def settle(self) -> None:
         store = self._store()
         if store is not None:
             with store._lock:  # (the rate limit calls it from inside a locked call, or from batches()' hand-out)
-                store._sync()
+                store._settle()
 
     def before_unmap(self) -> None:
         store = self._store()
@@ -151,7 +151,7 @@ class ReplayStore:
                  read_ahead: bool | str = "auto") -> None:
         # Held by every public call that reads or changes the ring, the index or the draw state (``_serialized``):
         # a call in one thread never sees a chunk another thread is retiring and unmapping. Re-entrant: the
-        # rate limit's sync and the parts' callbacks come back into the store from inside a call.
+        # rate limit's settle and the parts' callbacks come back into the store from inside a call.
         self._lock = threading.RLock()
         self._path = path
         self._schema = schema
@@ -172,7 +172,7 @@ class ReplayStore:
         self._writer: EpisodeWriter | None = None
         try:
             self._limiter = self._resources.limiter = store_limiter(path, schema, manifest, mode == "r+")
-            self._limit = StoreLimit(self._limiter, self._events.sync)
+            self._limit = StoreLimit(self._limiter, self._events.settle)
             self._attach(manifest)
         except BaseException:
             self._resources.lock_fd = None  # open() closes it
@@ -345,7 +345,7 @@ class ReplayStore:
     def __len__(self) -> int:
         """Number of transitions that can be sampled now."""
         self._check_open()
-        self._sync()
+        self._settle()
         return self._index.n_valid
 
     def __repr__(self) -> str:
@@ -368,7 +368,7 @@ class ReplayStore:
         (their masses in the tree).
         """
         self._check_open()
-        self._sync()
+        self._settle()
         return self._parts.counters(self._path, ids, settle=self._writer is not None and self._durable.failed is None)
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -508,7 +508,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._sync()
+        self._settle()
         prio = self._parts.sampler.prioritized
         if self._index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
@@ -534,7 +534,7 @@ class ReplayStore:
         """
         self._check_writable()
         ids = _inputs.ids_array(ids, "ids")
-        self._sync()
+        self._settle()
         n, dropped = self._index.invalidate(ids)
         self._after_validity_change(dropped)
         return n
@@ -548,7 +548,7 @@ class ReplayStore:
         stacks still read the frames before). A rate limit's counts start again from zero.
         """
         self._check_writable()
-        self._sync()
+        self._settle()
         self._after_validity_change(self._index.clear())
         if self._limiter is not None:
             self._limiter.reset(self._index.n_valid)
@@ -566,7 +566,7 @@ class ReplayStore:
         from .tables import transition_columns
 
         self._check_open()
-        self._sync()
+        self._settle()
         prio = self._parts.sampler.prioritized
         return transition_columns(self._index, self._ring.arrays, self._schema, self.episodes(),
                                   None if prio is None else prio.priorities)
@@ -588,7 +588,7 @@ class ReplayStore:
         return pandas_frame(self._table_columns())
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> DrawnBatch:
-        self._sync()
+        self._settle()
         return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan)
 
     @fault_checked
@@ -681,14 +681,14 @@ class ReplayStore:
         ids = _inputs.ids_array(index).copy()
         n = _inputs.length_arg(length)
         _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
-        self._sync()
+        self._settle()
         idx = self._index
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
         return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> DrawnBatch:
-        self._sync()
+        self._settle()
         return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @fault_checked
@@ -702,7 +702,7 @@ class ReplayStore:
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
-        self._sync()
+        self._settle()
         return self._index.valid_ids()
 
     @_serialized
@@ -713,7 +713,7 @@ class ReplayStore:
         """
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
-        self._sync()
+        self._settle()
         idx = self._index
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
@@ -728,7 +728,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._sync()
+        self._settle()
         ids = self._index.valid_ids()
         if shuffle:
             np.random.default_rng(seed).shuffle(ids)
@@ -741,7 +741,7 @@ class ReplayStore:
                 return
             with self._lock:  # each batch is a call of its own (not held while the caller has it)
                 self._check_open()
-                self._sync()
+                self._settle()
                 idx = self._index
                 part = part[idx.ids_valid(part)]
                 batch = self._assemble(idx.slots_of(part), part) if part.size else None
@@ -797,7 +797,7 @@ class ReplayStore:
         self._check_writable()
         prio = self._require_prio("update_priorities")
         ids = _inputs.ids_array(index)
-        self._sync()  # transitions whose window closed before this update enter with the old maximum
+        self._settle()  # transitions whose window closed before this update enter with the old maximum
         return prio.update(ids, priorities)
 
     @_serialized
@@ -806,7 +806,7 @@ class ReplayStore:
         self._check_open()
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
-        self._sync()
+        self._settle()
         self._index.check_ids(ids)
         return prio.priorities(ids)
 
@@ -826,7 +826,7 @@ class ReplayStore:
         (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
         self._check_open()
         prio = self._require_prio("priority_mass")
-        self._sync()
+        self._settle()
         return prio.total_mass(), prio.min_mass()
 
     @property
@@ -865,7 +865,7 @@ class ReplayStore:
         (as of the last batch handed out) and ``metadata``.
         """
         self._check_writable()
-        self._sync()  # the state written includes every transition whose window has closed
+        self._settle()  # the state written includes every transition whose window has closed
         self._durable.commit(self._parts, json_dict(self.metadata))
 
     @_serialized
@@ -884,7 +884,7 @@ class ReplayStore:
         if isinstance(self._durable.failed, ReadOnlyStoreError):  # a forked child's inherited writer
             raise self._durable.failed
         keep = _inputs.keep_arg(keep)
-        self._sync()
+        self._settle()
         return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
 
     @classmethod
@@ -995,9 +995,9 @@ class ReplayStore:
                 f" more than {FORK_WAIT:g} s), so this child's copy of it may be half-changed and cannot be used;"
                 " open the store again in the child with ReplayStore.open(path, mode='r')")
 
-    def _sync(self) -> None:
+    def _settle(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._index.sync()
+        new = self._index.settle()
         if new.size:
             self._parts.sampler.added(new)
         if self._limiter is not None and self._limiter.writer:
