@@ -405,7 +405,7 @@ class ChunkLog:
         """The chunk table and counters of a manifest (a commit's, or a snapshot's). Extends the open
         chunk's checksums over the rows written since the last call: O(those rows)."""
         fill = self.fill.tolist()
-        ended, epos, lost = self.index.stream_state()
+        ended, episode_pos, lost = self.index.stream_state()
         geo = self.index.geo
         rows = self.rows
         # one count while the streams are in format 1's layout (what format 1 and 2 readers take), else a list
@@ -414,8 +414,8 @@ class ChunkLog:
                    c.to_json(fill, geo.extents_of(c.seq), self._prefix_crc(c, fill)) for c in self.chunks]
         return {"rows": listed, "next_id": self.next_id, "chunks": entries,
                 "ring_positions": self.ring.positions,
-                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)],
-                "head_epos": self.index.head_epos().tolist()}
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, episode_pos, lost, strict=True)],
+                "head_epos": self.index.head_episode_pos().tolist()}
 
     def _prefix_crc(self, c: ChunkInfo, fill: list[int]) -> dict[str, list[int]]:
         """The open chunk ``c``'s ``prefix_crc32``: the running checksums extended to ``fill`` rows per stream."""

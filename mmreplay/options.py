@@ -27,7 +27,7 @@ MAX_STACK = 1_000  # frames per state: a batch gathers B x stack frames
 MAX_N_STEP = 1_000  # n-step window: the index examines rows x n_step entries, a batch B x n_step
 MAX_ROW_BYTES = 2**28  # one frame, action or extra value: 256 MiB
 MAX_RESERVED_BYTES = 2**46  # address space the ring reserves (all columns): 64 TiB of x86-64's 128 TiB
-INDEX_BYTES_PER_SLOT = 22  # in-RAM index per ring slot: flags 1, epos 4, slot_id 8, valid 1, id2slot 8
+INDEX_BYTES_PER_SLOT = 22  # in-RAM index per ring slot: flags 1, episode_pos 4, slot_id 8, valid 1, id2slot 8
 PRIORITY_BYTES_PER_SLOT = 26  # prioritized stores add raw priority 8, sum tree ~17, dirty mask 1
 
 
