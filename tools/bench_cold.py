@@ -114,9 +114,9 @@ def naive(path: str, ids_list: list[np.ndarray]) -> float:
     return rate
 
 
-def store_gather(path: str, ids_list: list[np.ndarray], prefetch_io: bool | str, threads: int | None) -> float:
+def store_gather(path: str, ids_list: list[np.ndarray], read_ahead: bool | str, threads: int | None) -> float:
     s = mr.ReplayStore.open(path, mode="r", read_threads=threads)
-    s._reader.prefetch_io = prefetch_io  # benchmark-only switch: False for the (a2) baseline
+    s._reader.read_ahead = read_ahead  # benchmark-only switch: False for the (a2) baseline
     t = time.perf_counter()
     for ids in ids_list:
         s.gather(ids)
