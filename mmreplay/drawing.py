@@ -41,15 +41,15 @@ class DrawState:
         self._pool: ThreadPoolExecutor | None = None
 
     def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
-             plan: bool = False) -> DrawnBatch:
-        """Choose a batch's ids (and weights). With ``plan``, also fix its row arithmetic now (for a copy
+             plan_now: bool = False) -> DrawnBatch:
+        """Choose a batch's ids (and weights). With ``plan_now``, also fix its row arithmetic now (for a copy
         made later in another thread) and remember the RNG state before it (for ``state``)."""
-        before = dict(self.rng.bit_generator.state) if plan else {}
+        before = dict(self.rng.bit_generator.state) if plan_now else {}
         self._count += 1
         ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
         if slots is None:
             slots = index.slots_of(ids)
-        return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan else None, slots=slots)
+        return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan_now else None, slots=slots)
 
     def draw_sequences(self, sampler: Sampler, index: Index, batch_size: int, length: int, strict: bool,
                        beta: float | None) -> DrawnBatch:

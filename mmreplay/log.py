@@ -33,7 +33,7 @@ import numpy as np
 from .errors import CorruptStoreError
 from .index import Index
 from .layout import DISK_FLAGS, START, Geometry
-from .options import Schema
+from .options import Schema, initial_positions
 from .prefixcrc import PrefixCrc, damage_error, first_damage, stream_extents
 from .storage import npyfile
 from .storage.files import copy_exclusive
@@ -92,12 +92,6 @@ def _prefix_entry(c: dict[str, Any], schema: Schema) -> dict[str, list[int]] | N
         raise ValueError(f"chunk {c.get('name')}: prefix_crc32 does not list one checksum per env stream for"
                          f" exactly the columns {sorted(out)}")
     return out
-
-
-def initial_positions(schema: Schema) -> int:
-    """Ring positions for capacity transitions plus stack history, the retiring chunk and the open one."""
-    need = schema.capacity + schema.stack * schema.num_envs
-    return -(-need // schema.chunk_size) + 2
 
 
 _NONE = np.empty(0, np.int64)

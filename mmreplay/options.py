@@ -281,7 +281,7 @@ class Schema:
         schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
                      tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize),
                      resolve_compression(compression, obs_shape, obs_dtype), id_column)
-        validate_ring(schema, planned_positions(schema))
+        validate_ring(schema, initial_positions(schema))
         return schema
 
     @property
@@ -372,8 +372,9 @@ def _check_chunk_size(chunk_size: int, capacity: int, stack: int, num_envs: int)
             f" chunks; use chunk_size <= {most:,}, or None for the default")
 
 
-def planned_positions(schema: Schema) -> int:
-    """Ring positions a new store starts with (the chunk log's ``initial_positions``)."""
+def initial_positions(schema: Schema) -> int:
+    """Ring positions a new store starts with: capacity transitions plus stack history, the retiring chunk
+    and the open one."""
     need = schema.capacity + schema.stack * schema.num_envs
     return -(-need // schema.chunk_size) + 2
 

@@ -494,7 +494,7 @@ class ReplayStore:
             assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
-        return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
+        return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan_now=True), assemble,
                                      self._index, (b, 0, False), p, self._limit.on_hand_out,
                                      None if distinct else self._post_draw, guard=self._lock)
 
@@ -587,9 +587,9 @@ class ReplayStore:
 
         return pandas_frame(self._table_columns())
 
-    def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> DrawnBatch:
+    def _draw(self, b: int, replace: bool, beta: float | None, plan_now: bool = False) -> DrawnBatch:
         self._settle()
-        return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan)
+        return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan_now)
 
     @fault_checked
     def _assemble_draw(self, d: DrawnBatch, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
@@ -598,7 +598,7 @@ class ReplayStore:
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
-            raise RuntimeError("a prefetched draw has no plan")  # DrawState.draw(plan=True) always makes one
+            raise RuntimeError("a prefetched draw has no plan")  # DrawState.draw(plan_now=True) always makes one
         return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 

@@ -64,7 +64,7 @@ def drop_cache(path: str) -> float:
         return float("nan")
 
 
-def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list[tuple[str, int, int]]]]:
+def batch_runs(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list[tuple[str, int, int]]]]:
     """Draw the batches once; for each, the ids and the coalesced (file, offset, length) runs of its frames."""
     ids_list, runs_list = [], []
     with mr.ReplayStore.open(path, mode="r", seed=123) as s:
@@ -176,7 +176,7 @@ def main() -> None:
                                   compression=None)
         fill(s, args.capacity + args.capacity // 10, frame_pool())
         s.close()
-        ids_list, runs_list = plan_batches(path, args.batches)
+        ids_list, runs_list = batch_runs(path, args.batches)
         methods = {
             "(a) naive np.load(mmap_mode='r') gather": lambda: naive(path, ids_list),
             "(a2) store gather without I/O requests, 1 thread": lambda: store_gather(path, ids_list, False, 1),
