@@ -42,9 +42,11 @@ READ_RETRIES = 5
 
 @dataclass
 class CommittedParts:
-    """The parts whose state a commit records (replaced together when a reader refreshes)."""
+    """The parts whose state a commit records (replaced together when a reader refreshes). ``index`` is
+    the log's (it lives as long as the log); a commit asks it for validity, not through the log."""
 
     log: ChunkLog
+    index: Index
     sampler: Sampler
     draw_state: DrawState
     limiter: RateLimiter | None = None
@@ -65,7 +67,7 @@ class CommittedParts:
                        priority_state=read_manifest(path).get("priorities"))
             if ids is not None:
                 ids = _inputs.ids_array(ids)
-                log.index.check_ids(ids)
+                self.index.check_ids(ids)
                 out["priority_masses"] = prio.masses(ids)
         return out
 
@@ -129,8 +131,8 @@ class Durability:
         body = {"generation": generation, "committed_at": time.time(), "schema": self.schema.to_json(),
                 "metadata": metadata, "snapshots": self.snapshots,
                 "priorities": parts.sampler.save_state(files, delta),
-                **parts.draw_state.state(parts.log.index), **parts.log.manifest_body()}
-        validity = self.validity_entry(parts.log.index, files, in_place=delta)
+                **parts.draw_state.state(parts.index), **parts.log.manifest_body()}
+        validity = self.validity_entry(parts.index, files, in_place=delta)
         if validity is not None:
             body["validity"] = validity
         if rate is not None:
@@ -174,7 +176,7 @@ class Durability:
         self.generation, self.committed_at = gen, body["committed_at"]
         self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         self.state_crcs = body["state_crc32"]
-        parts.log.index.validity_committed()
+        parts.index.validity_committed()
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))

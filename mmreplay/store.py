@@ -198,7 +198,7 @@ class ReplayStore:
         except BaseException:
             log.close()
             raise
-        self._parts = CommittedParts(log, sampler, self._draw_state, self._limiter)
+        self._parts = CommittedParts(log, log.index, sampler, self._draw_state, self._limiter)
         # the log's index and ring, which the calls below read (both live as long as the log)
         self._index, self._ring = log.index, log.ring
         self._durable.adopt(manifest)
