@@ -45,6 +45,7 @@ from .plan import Plan
 from .prefetch import BatchIterator, DrawnBatch
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
+from .restore import open_log
 from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
 from .sequence_batch import FrameSequenceBatch, SequenceBatch, assemble_sequence_frames, assemble_sequences
@@ -189,7 +190,7 @@ class ReplayStore:
     def _attach(self, manifest: dict[str, Any]) -> None:
         """Map the chunks a manifest lists and build every part from them (open and refresh)."""
         schema = self._schema
-        log = ChunkLog.from_manifest(self._path, schema, manifest, self._mode == "r+", self._events)
+        log = open_log(self._path, schema, manifest, self._mode == "r+", self._events)
         try:
             restore_validity(self._path, manifest, log.index)  # invalidate()/clear() of the commit
             sampler = make_sampler(schema, log.index)

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from mmreplay.errors import CorruptStoreError
-from mmreplay.log import ChunkLog, initial_positions
-from mmreplay.options import Schema
+from mmreplay.log import ChunkLog
+from mmreplay.options import Schema, initial_positions
+from mmreplay.restore import open_log
 from mmreplay.storage.ring import chunk_file, chunk_name
 
 
@@ -106,14 +107,14 @@ def test_reopening_from_the_manifest_body_rebuilds_the_index(tmp_path):
     want = log.index.valid_ids()
     log.after_commit()
     log.close()
-    again = ChunkLog.from_manifest(str(tmp_path), log.schema, body, False, Listener())
+    again = open_log(str(tmp_path), log.schema, body, False, Listener())
     again.index.settle()
     np.testing.assert_array_equal(again.index.valid_ids(), want)
     assert (again.oldest_id, again.next_id) == (log.oldest_id, log.next_id)
     again.close()
     bad = dict(body, next_id=body["next_id"] + 1)
     with pytest.raises(CorruptStoreError, match="flags columns hold"):
-        ChunkLog.from_manifest(str(tmp_path), log.schema, bad, False, Listener())
+        open_log(str(tmp_path), log.schema, bad, False, Listener())
 
 
 def test_unlisted_files_are_strays(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 
 from mmreplay._inputs import Inputs
 from mmreplay.errors import EpisodeStateError
-from mmreplay.log import ChunkLog, initial_positions
-from mmreplay.options import Schema
+from mmreplay.log import ChunkLog
+from mmreplay.options import Schema, initial_positions
 from mmreplay.writer import EpisodeWriter
 
 
