@@ -24,7 +24,6 @@ from _report import table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import disk_bytes, fill, frame_pool  # noqa: E402
-from mmreplay.sampling.prioritized import PrioritizedSampler  # noqa: E402
 
 
 def measure(capacity: int, scratch: str) -> dict[str, float]:
@@ -46,9 +45,9 @@ def measure(capacity: int, scratch: str) -> dict[str, float]:
         commits.append(time.perf_counter() - t)
     for _ in range(3):
         more(1000)
-        sampler = s._parts.sampler  # benchmark-only: force the full priority file
-        assert isinstance(sampler, PrioritizedSampler)
-        sampler.dirty_all = True  # what a commit does once the deltas reach a quarter of the ids
+        prio = s._parts.sampler.prioritized  # benchmark-only: force the full priority file
+        assert prio is not None
+        prio.dirty_all = True  # what a commit does once the deltas reach a quarter of the ids
         t = time.perf_counter()
         s.commit()
         fulls.append(time.perf_counter() - t)
