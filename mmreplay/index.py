@@ -62,7 +62,7 @@ class _Fits:
 class Index:
     """Per-slot bookkeeping and the sampleable set.
 
-    Validity is decided lazily: ``settle()`` examines rows written since the last
+    Validity is decided lazily: ``update_validity()`` examines rows written since the last
     call and returns the slots that became sampleable, so ``step()`` stays a
     handful of array stores.
     """
@@ -89,17 +89,17 @@ class Index:
         self._rows0 = 0  # ``_rows[0]`` as a Python int (the one-stream step stores it, cheaper than ``+= 1``)
         self._one_stream = n_env == 1
         self._oldest_row = np.zeros(n_env, np.int64)  # per stream: first retained row
-        self._written = 0  # frame rows written by all streams (what ``settle`` compares with)
+        self._written = 0  # frame rows written by all streams (what ``update_validity`` compares with)
         self._next_id = 0  # the id the next transition gets
         self._oldest_id = 0  # the oldest retained id (ids below it were evicted)
         self._checked = np.zeros(n_env, np.int64)  # per stream: first row whose validity is undecided
         self._n_valid = 0
-        self._settled = -1
+        self._validity_rows = -1
         # Per stream, the state of its last frame once that frame was retired (ended, episode_pos, lost):
         # a stream idle for a whole capacity must still continue its episode correctly.
         self._tail = np.zeros((n_env, 3), np.int64)
         # invalidate()/clear(): invalidated transitions carry the INVALID bit, so no later decision
-        # (settle, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
+        # (update_validity, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
         # moves the start of what is listed (episodes, transition tables) to the row it happened at.
         self._clear_id = 0  # ids below were removed by clear()
         self._clear_row = np.zeros(n_env, np.int64)  # per stream: rows at the time of that clear()
@@ -111,7 +111,7 @@ class Index:
         """The chunk held at each ring position (-1: free)."""
         return self.geo.seq_of_pos
 
-    # -- counters (read-only; changed by the methods below and by retire, invalidate, clear, settle) -------
+    # -- counters (read-only; changed by the methods below and by retire, invalidate, clear, update_validity) -------
     @property
     def rows(self) -> np.ndarray:
         """Per stream, the frame rows written (a read-only view that follows them)."""
@@ -134,7 +134,7 @@ class Index:
 
     @property
     def n_valid(self) -> int:
-        """How many transitions are sampleable (as of the last ``settle``)."""
+        """How many transitions are sampleable (as of the last ``update_validity``)."""
         return self._n_valid
 
     @property
@@ -223,12 +223,12 @@ class Index:
         stream (ended, episode_pos, lost) of its last frame, used when that frame is not retained. ``heads``: per
         stream the episode position of its oldest retained row (``head_epos``), so an episode whose start
         was retired keeps the positions the writing store gave it. Returns the
-        sampleable slots. This is ``settle()`` specialised for a whole store: the same rules, computed in
+        sampleable slots. This is ``update_validity()`` specialised for a whole store: the same rules, computed in
         row space with a few passes over each stream's arrays.
         """
         if tails is not None:
             self._tail[:] = tails
-        self._settled = self._written
+        self._validity_rows = self._written
         valid = [self._rebuild_stream(s, *parts, head=1 if heads is None else max(1, int(heads[s])))
                  for s, parts in enumerate(streams)]
         live = [(sl[ids >= 0], ids[ids >= 0]) for _, sl, _, ids in streams]
@@ -665,11 +665,11 @@ class Index:
     # -- validity --------------------------------------------------------------------------------------
     BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
 
-    def settle(self) -> np.ndarray:
+    def update_validity(self) -> np.ndarray:
         """Decide every row whose n-step window has closed since the last call; return newly valid slots."""
-        if self._written == self._settled:
+        if self._written == self._validity_rows:
             return _EMPTY  # nothing was written: no window can have closed
-        self._settled = self._written
+        self._validity_rows = self._written
         # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
         block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
@@ -679,12 +679,12 @@ class Index:
             if int((stops - starts).sum()) <= 0:
                 self._checked[:] = starts
                 break
-            found.append(self._settle_block(starts, stops))
+            found.append(self._validity_block(starts, stops))
             if (self._checked == starts).all() or (stops == self._rows).all():
                 break
         return np.concatenate(found) if found else np.empty(0, np.int64)
 
-    def _settle_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    def _validity_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         geo, n = self.geo, self.n_step
         counts = stops - starts
         total = int(counts.sum())

@@ -75,16 +75,16 @@ def _serialized(method: _F) -> _F:
 
 class _RingEvents:
     """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
-    limit's calls to ``ReplayStore._settle``; holds the store weakly, so that it can be dropped unclosed."""
+    limit's calls to ``ReplayStore._update_validity``; holds the store weakly, so that it can be dropped unclosed."""
 
     def __init__(self, store: ReplayStore) -> None:
         self._store = weakref.ref(store)
 
-    def settle(self) -> None:
+    def update_validity(self) -> None:
         store = self._store()
         if store is not None:
             with store._lock:  # (the rate limit calls it from inside a locked call, or from batches()' hand-out)
-                store._settle()
+                store._update_validity()
 
     def before_unmap(self) -> None:
         store = self._store()
@@ -152,7 +152,7 @@ class ReplayStore:
                  read_ahead: bool | str = "auto") -> None:
         # Held by every public call that reads or changes the ring, the index or the draw state (``_serialized``):
         # a call in one thread never sees a chunk another thread is retiring and unmapping. Re-entrant: the
-        # rate limit's settle and the parts' callbacks come back into the store from inside a call.
+        # rate limit's update_validity and the parts' callbacks come back into the store from inside a call.
         self._lock = threading.RLock()
         self._path = path
         self._schema = schema
@@ -173,7 +173,7 @@ class ReplayStore:
         self._writer: EpisodeWriter | None = None
         try:
             self._limiter = self._resources.limiter = store_limiter(path, schema, manifest, mode == "r+")
-            self._limit = StoreLimit(self._limiter, self._events.settle)
+            self._limit = StoreLimit(self._limiter, self._events.update_validity)
             self._attach(manifest)
         except BaseException:
             self._resources.lock_fd = None  # open() closes it
@@ -346,7 +346,7 @@ class ReplayStore:
     def __len__(self) -> int:
         """Number of transitions that can be sampled now."""
         self._check_open()
-        self._settle()
+        self._update_validity()
         return self._index.n_valid
 
     def __repr__(self) -> str:
@@ -369,7 +369,7 @@ class ReplayStore:
         (their masses in the tree).
         """
         self._check_open()
-        self._settle()
+        self._update_validity()
         return self._parts.counters(self._path, ids, settle=self._writer is not None and self._durable.failed is None)
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -509,7 +509,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._settle()
+        self._update_validity()
         prio = self._parts.sampler.prioritized
         if self._index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
@@ -535,7 +535,7 @@ class ReplayStore:
         """
         self._check_writable()
         ids = _inputs.ids_array(ids, "ids")
-        self._settle()
+        self._update_validity()
         n, dropped = self._index.invalidate(ids)
         self._after_validity_change(dropped)
         return n
@@ -549,7 +549,7 @@ class ReplayStore:
         stacks still read the frames before). A rate limit's counts start again from zero.
         """
         self._check_writable()
-        self._settle()
+        self._update_validity()
         self._after_validity_change(self._index.clear())
         if self._limiter is not None:
             self._limiter.reset(self._index.n_valid)
@@ -567,7 +567,7 @@ class ReplayStore:
         from .tables import transition_columns
 
         self._check_open()
-        self._settle()
+        self._update_validity()
         prio = self._parts.sampler.prioritized
         return transition_columns(self._index, self._ring.arrays, self._schema, self.episodes(),
                                   None if prio is None else prio.priorities)
@@ -589,7 +589,7 @@ class ReplayStore:
         return pandas_frame(self._table_columns())
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan_now: bool = False) -> DrawnBatch:
-        self._settle()
+        self._update_validity()
         return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan_now)
 
     @fault_checked
@@ -682,14 +682,14 @@ class ReplayStore:
         ids = _inputs.ids_array(index).copy()
         n = _inputs.length_arg(length)
         _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
-        self._settle()
+        self._update_validity()
         idx = self._index
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
         return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> DrawnBatch:
-        self._settle()
+        self._update_validity()
         return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @fault_checked
@@ -703,7 +703,7 @@ class ReplayStore:
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
-        self._settle()
+        self._update_validity()
         return self._index.valid_ids()
 
     @_serialized
@@ -714,7 +714,7 @@ class ReplayStore:
         """
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
-        self._settle()
+        self._update_validity()
         idx = self._index
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
@@ -729,7 +729,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._settle()
+        self._update_validity()
         ids = self._index.valid_ids()
         if shuffle:
             np.random.default_rng(seed).shuffle(ids)
@@ -742,7 +742,7 @@ class ReplayStore:
                 return
             with self._lock:  # each batch is a call of its own (not held while the caller has it)
                 self._check_open()
-                self._settle()
+                self._update_validity()
                 idx = self._index
                 part = part[idx.ids_valid(part)]
                 batch = self._assemble(idx.slots_of(part), part) if part.size else None
@@ -798,7 +798,7 @@ class ReplayStore:
         self._check_writable()
         prio = self._require_prio("update_priorities")
         ids = _inputs.ids_array(index)
-        self._settle()  # transitions whose window closed before this update enter with the old maximum
+        self._update_validity()  # transitions whose window closed before this update enter with the old maximum
         return prio.update(ids, priorities)
 
     @_serialized
@@ -807,7 +807,7 @@ class ReplayStore:
         self._check_open()
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
-        self._settle()
+        self._update_validity()
         self._index.check_ids(ids)
         return prio.priorities(ids)
 
@@ -827,7 +827,7 @@ class ReplayStore:
         (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
         self._check_open()
         prio = self._require_prio("priority_mass")
-        self._settle()
+        self._update_validity()
         return prio.total_mass(), prio.min_mass()
 
     @property
@@ -866,7 +866,7 @@ class ReplayStore:
         (as of the last batch handed out) and ``metadata``.
         """
         self._check_writable()
-        self._settle()  # the state written includes every transition whose window has closed
+        self._update_validity()  # the state written includes every transition whose window has closed
         self._durable.commit(self._parts, json_dict(self.metadata))
 
     @_serialized
@@ -885,7 +885,7 @@ class ReplayStore:
         if isinstance(self._durable.failed, ReadOnlyStoreError):  # a forked child's inherited writer
             raise self._durable.failed
         keep = _inputs.keep_arg(keep)
-        self._settle()
+        self._update_validity()
         return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
 
     @classmethod
@@ -996,9 +996,9 @@ class ReplayStore:
                 f" more than {FORK_WAIT:g} s), so this child's copy of it may be half-changed and cannot be used;"
                 " open the store again in the child with ReplayStore.open(path, mode='r')")
 
-    def _settle(self) -> None:
+    def _update_validity(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._index.settle()
+        new = self._index.update_validity()
         if new.size:
             self._parts.sampler.added(new)
         if self._limiter is not None and self._limiter.writer:
