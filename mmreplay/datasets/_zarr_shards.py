@@ -1,7 +1,7 @@
 """Reading the shards of a zarr array directly (local or remote), as ``export_zarr`` lays them out.
 
-zarr-python spends about a millisecond of Python per inner chunk, and holds the GIL for much
-of it, which slows the thread that writes the imported store. For arrays whose layout is the
+zarr-python spends Python time on every inner chunk, and holds the GIL for much of it, which
+slows the thread that writes the imported store (BENCHMARKS.md, "Figures behind the code"). For arrays whose layout is the
 simple one mmreplay writes (a regular grid along the first axis, ``sharding_indexed`` with the
 index at the end checked by CRC-32C, inner codecs ``bytes`` + one of zstd/gzip/blosc or none)
 ``shard_reader`` returns a reader that decodes the chunks itself; for anything else it returns

@@ -135,8 +135,8 @@ def _write_shard(path: Location, data: np.ndarray, chunk_rows: int, chunks_per_s
 class _Column:
     """A sharded zarr array written front to back, a whole shard at a time, by a background thread.
 
-    zarr's own write path costs about a millisecond of Python per inner chunk; the shard files
-    are simple (see ``_write_shard``), so they are produced here and read back by zarr in tests.
+    zarr's own write path spends Python time on every inner chunk (BENCHMARKS.md, "Figures behind the
+    code"); the shard files are simple (see ``_write_shard``), so they are produced here and read back by zarr in tests.
     """
 
     def __init__(self, array: Any, directory: Location, chunk_rows: int, shard_rows: int, encode: _Encoder,

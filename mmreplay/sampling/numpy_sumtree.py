@@ -53,7 +53,7 @@ sampling exactly.
 Lazy propagation. ``set`` writes the leaves and records which rows changed;
 rows and levels above them are recomputed at the next read of ``total``,
 ``min`` or ``max``, or search (or once 4096 leaf writes are pending). The ``set`` calls between two sampled batches thus
-share one propagation, and a ``set`` of one leaf costs a few microseconds.
+share one propagation, and a ``set`` of one leaf does no propagation of its own.
 The tree is not thread-safe.
 
 The cumulative sums ``find`` works with are those of this hierarchy: the

@@ -44,8 +44,9 @@ VERSION = 1
 RECORD = np.dtype([("offset", "<u8"), ("length", "<u4"), ("crc", "<u4")])
 TRAILER = 4
 # The sealer decodes every CHECK_EVERY-th frame it encoded (and the last) and compares it with the raw
-# frame before the file is used: a cheap guard against an encoder bug (the whole check was a third of
-# the sealer's CPU); the encoder itself is tested against python-lz4 and numcodecs.
+# frame before the file is used: a cheap guard against an encoder bug (decoding every frame would cost a
+# large share of the sealer's CPU: BENCHMARKS.md, "Figures behind the code"); the encoder itself is
+# tested against python-lz4 and numcodecs.
 CHECK_EVERY = 16
 # A sealed chunk whose frames would not shrink by MIN_SAVING keeps its raw frame file (decoding
 # would cost CPU for nothing), judged first on its first PROBE_FRAMES frames so that incompressible
