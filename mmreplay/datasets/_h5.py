@@ -99,7 +99,7 @@ def row_reader(ds: Any) -> Any:
     """``fetch(a, b)`` -> rows ``[a, b)`` of a dataset chunked along its first axis.
 
     Deflate-only (or unfiltered) chunks are read raw and inflated with zlib, which releases the
-    GIL (h5py's own reads hold it), so a prefetching thread really runs beside the consumer.
+    GIL (h5py's own reads hold it), so a read-ahead thread really runs beside the consumer.
     Other layouts are read through h5py.
     """
     shape = tuple(ds.shape)

@@ -1,6 +1,6 @@
 """What the importers share: the store built in a temporary directory and renamed when complete
 (``StoreBuilder``), episodes written through ``reset``/``extend`` a piece at a time
-(``feed_episode``), and sources read ahead by a thread (``Prefetch``).
+(``feed_episode``), and sources read ahead by a thread (``ReadAhead``).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def feed_episode(store: ReplayStore, length: int, read_frames: Callable[[int, in
             bar.update(b - a)
 
 
-class Prefetch:
+class ReadAhead:
     """Rows of a source array read front to back in blocks by a background thread, one block ahead.
 
     ``read(a, b)`` returns rows ``[a, b)``; calls must not go backwards (rows before ``a`` are
@@ -145,7 +145,7 @@ class Prefetch:
         from concurrent.futures import ThreadPoolExecutor
 
         self._fetch, self.total, self.block = fetch, total, max(1, block)
-        self._ex = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-prefetch")
+        self._ex = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-import-read-ahead")
         self._blocks: deque[tuple[int, np.ndarray]] = deque()  # (first source row, rows) not yet consumed
         self._next = 0  # first row not yet requested
         self._fut: Any = None
@@ -161,21 +161,21 @@ class Prefetch:
             return self._blocks[0][1][:0]
         while not self._blocks or self._blocks[-1][0] + len(self._blocks[-1][1]) < b:
             if self._fut is None:
-                raise IndexError(f"Prefetch.read({a}, {b}): the source has {self.total} rows")
+                raise IndexError(f"ReadAhead.read({a}, {b}): the source has {self.total} rows")
             lo, fut = self._fut
             self._blocks.append((lo, np.asarray(fut.result())))
             self._ahead()
         while len(self._blocks) > 1 and self._blocks[0][0] + len(self._blocks[0][1]) <= a:
             self._blocks.popleft()  # wholly before the request: done with
         if self._blocks[0][0] > a:
-            raise ValueError(f"Prefetch.read({a}, {b}): rows before {self._blocks[0][0]} were already dropped")
+            raise ValueError(f"ReadAhead.read({a}, {b}): rows before {self._blocks[0][0]} were already dropped")
         parts = [blk[max(a - lo, 0):b - lo] for lo, blk in self._blocks if lo < b]
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def close(self) -> None:
         self._ex.shutdown(wait=True, cancel_futures=True)
 
-    def __enter__(self) -> Prefetch:
+    def __enter__(self) -> ReadAhead:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -40,7 +40,7 @@ from ._common import (
     summary_lines,
 )
 from ._h5 import H5Column, dataset_options, pool, row_reader
-from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._importing import ReadAhead, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
 from .errors import DatasetError
 
@@ -196,7 +196,7 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
                              chunk_size=chunk_size, seed=seed, metadata=meta,
                              **sampling_params(recorded, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
             piece = rows_per_piece(nbytes(obs.shape[1:], obs.dtype))
-            src_frames = Prefetch(row_reader(obs), d.n, piece)
+            src_frames = ReadAhead(row_reader(obs), d.n, piece)
             with src_frames, progress_bar(progress, d.n + int(d.first.size), "import d4rl") as bar:
                 for e, (s0, s1) in enumerate(zip(d.first.tolist(), d.last.tolist(), strict=True)):
                     length = s1 - s0 + 1

@@ -46,7 +46,7 @@ from ._common import (
     summary_lines,
 )
 from ._h5 import H5Column, dataset_options, pool, row_reader
-from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._importing import ReadAhead, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
 from .errors import DatasetError, DatasetNotFoundError
 
@@ -324,7 +324,7 @@ def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | N
                                  np.asarray(g["terminations"][a:z]), np.asarray(g["truncations"][a:z]),
                                  {n: np.asarray(ds[a + 1:z + 1]) for n, ds in infos.items()})
 
-                with Prefetch(frames, length + 1, piece) as ahead:
+                with ReadAhead(frames, length + 1, piece) as ahead:
                     feed_episode(store, length, ahead.read, steps,
                                  bool(g.attrs.get("final_observation_missing", False)), bar=bar, piece=piece)
         store.metadata = store_meta

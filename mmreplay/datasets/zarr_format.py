@@ -50,7 +50,7 @@ from ._common import (
     step_pieces,
     upload,
 )
-from ._importing import Prefetch, Steps, StoreBuilder, feed_episode, sampling_params
+from ._importing import ReadAhead, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
 from ._zarr_shards import check_objects, shard_reader
 from .errors import DatasetError, DatasetNotFoundError
@@ -411,14 +411,14 @@ def _episode_blocks(g: Any, where: str, n_eps: int, n_frames: int, n_steps: int)
         yield ep
 
 
-def _prefetch(array: Any, block: int, root: Location) -> Prefetch:
+def _read_ahead(array: Any, block: int, root: Location) -> ReadAhead:
     """Rows of ``array`` read ahead by a thread: shards (files, or objects of a remote store) decoded
     directly when laid out as ``export_zarr`` writes them (``_zarr_shards``), else through zarr."""
     def through_zarr(a: int, z: int) -> np.ndarray:
         return np.asarray(array[a:z])
 
     fetch = shard_reader(array, root)
-    return Prefetch(fetch or through_zarr, int(array.shape[0]), block)
+    return ReadAhead(fetch or through_zarr, int(array.shape[0]), block)
 
 
 def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = None,
@@ -447,8 +447,8 @@ def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
                          **sampling_params(attrs, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
         names = ["rewards", "terminations", "truncations"]
         steps_src = {"actions": acts, **{n: g[n] for n in names}, **{"x_" + n: a for n, a in x_arrays.items()}}
-        readers = {k: _prefetch(arr, 65536, root) for k, arr in steps_src.items()}
-        frames_src = _prefetch(obs, piece, root)
+        readers = {k: _read_ahead(arr, 65536, root) for k, arr in steps_src.items()}
+        frames_src = _read_ahead(obs, piece, root)
         episodes = ((ep, i) for ep in _episode_blocks(g, where, *layout) for i in range(ep["length"].size))
         try:
             with progress_bar(progress, int(obs.shape[0]), "import zarr") as bar:
