@@ -4,15 +4,14 @@ All reads of frames go through ``FrameReader``: ``stacks`` for sampled batches, 
 slot array read for sampling (sequences), ``take`` for anything else (current state, episodes,
 exports). One native kernel per part of a read decodes the frames of compressed chunks and copies
 raw ones (the open chunk, chunks not compressed yet, stores without compression) straight into the
-output buffer; numpy (``np.take``) and numcodecs do it where numba is missing.
+output buffer; numpy (``np.take``) and numcodecs (``reference_read.py``) do it where numba is missing.
+Outputs come from a ``bufferpool.FramePool``; how a read is made (threads, shared or alone, posted
+ahead) is chosen by ``readpolicy.py``.
 """
 
 from __future__ import annotations
 
-import math
-import os
 import resource
-import sys
 import threading
 import time
 from types import ModuleType
@@ -20,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptStoreError
-from .native.codes import E_UNMAPPED, ERRORS, KIND_LZ4, KIND_RAW
-from .storage import framefile
+from .bufferpool import FramePool
+from .native.codes import KIND_LZ4, KIND_RAW
+from .readpolicy import PostGate, WayChooser, default_threads, usable_cpus
+from .reference_read import frame_error, reference_frames
 from .storage.ring import ChunkRing
 from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
@@ -40,131 +40,6 @@ class PostedStacks:
     def __init__(self, helper: Any, task: tuple[int, int], both: np.ndarray, obs: np.ndarray, nxt: np.ndarray) -> None:
         self.helper, self.task, self.both, self.obs, self.nxt = helper, task, both, obs, nxt
         self.error: tuple[int, int] | None = None  # (error code, slot) once joined
-
-
-class FramePool:
-    """Recycles the memory of obs/next_obs outputs the caller no longer references.
-
-    A fresh output of megabytes per batch costs page faults and zeroing on every call (glibc serves
-    such sizes with a new mmap each time), about as much as the gather itself. A buffer is reused
-    only when this pool holds the sole reference to it: a batch array still alive anywhere
-    (also as the base of a view, or wrapped by ``torch.from_numpy``) keeps its buffer out.
-
-    How many buffers are alive at once depends on the caller: a ``sample()`` loop needs two
-    (the batch in use, the one being filled), ``batches(prefetch=p)`` up to ``p + 3`` (queued
-    batches hold theirs), a learner that keeps the previous batch one more. A fixed count
-    fails as soon as the caller needs more: every batch then pays a new allocation. So the pool tracks every buffer it handed out that is still alive (up to
-    ``max_count``), and limits only what it keeps alive itself: free buffers beyond
-    ``max_free_bytes`` are let go (oldest first), so a change of batch size does not pin the
-    old size's buffers.
-    """
-
-    def __init__(self, max_free_bytes: int = 64 * 2**20, max_count: int = 64) -> None:
-        self._max_free_bytes = max_free_bytes
-        self._max_count = max_count
-        self._bufs: list[np.ndarray] = []
-        self._bytes = 0  # of every tracked buffer
-        self._lock = threading.Lock()
-
-    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        with self._lock:
-            for buf in self._bufs:
-                # references: the list, the loop variable, getrefcount's argument
-                if buf.shape == shape and buf.dtype == dtype and sys.getrefcount(buf) == 3:
-                    break
-            else:
-                buf = np.empty(shape, dtype)
-                self._bufs.append(buf)
-                self._bytes += buf.nbytes
-            if self._bytes > self._max_free_bytes or len(self._bufs) > self._max_count:
-                self._trim()  # (free bytes <= all bytes: nothing to do below the limit)
-            return buf
-
-    def _trim(self) -> None:
-        bufs = self._bufs
-        # a free buffer's references: the list and getrefcount's argument (the one being handed out
-        # has the caller's too)
-        free = [i for i in range(len(bufs)) if sys.getrefcount(bufs[i]) == 2]
-        free_bytes = sum(bufs[i].nbytes for i in free)
-        drop = set()
-        for i in free:  # oldest first
-            if free_bytes <= self._max_free_bytes:
-                break
-            drop.add(i)
-            free_bytes -= bufs[i].nbytes
-        if drop:
-            bufs[:] = [b for i, b in enumerate(bufs) if i not in drop]
-        if len(bufs) > self._max_count:  # batches kept by the caller by the dozen: stop tracking the oldest
-            del bufs[: len(bufs) - self._max_count]
-        self._bytes = sum(b.nbytes for b in bufs)
-
-
-def usable_cpus() -> int:
-    """CPUs this process may run on: its affinity mask, capped by its cgroup's CPU quota (a container limited
-    to 2 CPUs on a 64-core host gets 2), at least 1."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
-    quota = cgroup_cpu_quota()
-    if quota is not None:
-        n = min(n, max(1, math.ceil(quota)))
-    return max(1, n)
-
-
-def cgroup_cpu_quota(root: str = "/sys/fs/cgroup", proc: str = "/proc/self/cgroup") -> float | None:
-    """The CPU quota (CPUs' worth of time per period) of this process's cgroup and its parents, the smallest
-    one set; None where there is none (or no cgroup file system to read)."""
-    try:
-        with open(proc) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    found: list[float] = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        hierarchy, controllers, rel = parts
-        rel = rel.lstrip("/")
-        v2 = hierarchy == "0" and controllers == ""
-        if not v2 and "cpu" not in controllers.split(","):
-            continue
-        base = root if v2 else None
-        if base is None:  # cgroup v1: the cpu controller's own mount
-            for name in ("cpu,cpuacct", "cpu", "cpuacct,cpu"):
-                if os.path.isdir(os.path.join(root, name)):
-                    base = os.path.join(root, name)
-                    break
-            if base is None:
-                continue
-        parts_rel = [p for p in rel.split("/") if p]
-        for depth in range(len(parts_rel), -1, -1):
-            here = os.path.join(base, *parts_rel[:depth])
-            q = _read_quota(here, v2)
-            if q is not None:
-                found.append(q)
-    return min(found) if found else None
-
-
-def _read_quota(directory: str, v2: bool) -> float | None:
-    try:
-        if v2:
-            with open(os.path.join(directory, "cpu.max")) as f:
-                quota, period = (f.read().split() + ["100000"])[:2]
-            return None if quota == "max" else int(quota) / int(period)
-        with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
-            quota_us = int(f.read().strip())
-        with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
-            period_us = int(f.read().strip())
-        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
-    except (OSError, ValueError):
-        return None
-
-
-def default_threads() -> int:
-    """Threads that read a batch (the caller and its helpers): the CPUs this process may use, at most 4."""
-    return min(4, usable_cpus())
 
 
 def _advise(starts: np.ndarray, ends: np.ndarray) -> None:
@@ -195,90 +70,6 @@ def native_kernels() -> tuple[ModuleType, ModuleType | None] | None:
             found = None
         _KERNELS.append(found)
     return _KERNELS[0]
-
-
-class WayChooser:
-    """Which of two ways to read is faster now: 0, shared with the helper threads; 1, the calling thread
-    alone. From what reads cost per output byte: the way in use is averaged over its recent reads (each
-    clipped to 4x the average: switching takes a run of slow reads, not one), the other is tried every
-    ``PROBE`` reads (and once early) and taken as measured. The first read with helpers starts them, so it is
-    not timed.
-
-    Why measure: helpers pay on idle cores, and cost when other processes keep the cores busy (the caller
-    then waits for a chunk a helper claimed but the system stopped running)."""
-
-    PROBE = 128
-    EARLY = 4
-    WEIGHT = 0.05  # of a read in the average of the way in use
-    AVERAGE, MEASURED, UNTIMED = 0, 1, 2  # how ``record`` takes a read
-
-    def __init__(self) -> None:
-        self.cost = [0.0, 0.0]  # seconds per output byte (0.0: not measured yet)
-        self.reads = 0
-
-    def pick(self) -> tuple[int, int]:
-        """The way for the next read, and how to take its time (``AVERAGE``, ``MEASURED``, ``UNTIMED``)."""
-        self.reads += 1
-        r = self.reads
-        shared, alone = self.cost
-        if r == 1:
-            return 0, self.UNTIMED  # the first shared read starts the helpers
-        if alone == 0.0 and r >= self.EARLY:
-            return 1, self.MEASURED
-        if shared == 0.0 or alone == 0.0 or shared <= alone:
-            return (1, self.MEASURED) if r % self.PROBE == 0 else (0, self.AVERAGE)
-        if r % self.PROBE == 0:
-            return 0, self.MEASURED
-        return 1, self.AVERAGE
-
-    def record(self, way: int, seconds: float, nbytes: int, how: int) -> None:
-        if how == self.UNTIMED:
-            return
-        c = seconds / max(1, nbytes)
-        old = self.cost[way]
-        if old == 0.0 or how == self.MEASURED:
-            self.cost[way] = c
-        else:  # one slow read (a thread woken late) must not switch ways: clipped, and a slow average
-            self.cost[way] = old + self.WEIGHT * (min(c, 4 * old) - old)
-
-
-class PostGate:
-    """Whether ``FrameReader.post_stacks`` posts: not while joins, the time the caller spends reading what
-    the helper has not read and waiting for the rest, cost more per byte than a plain read of the way in
-    use (``WayChooser``'s costs). A join that waits on a helper the system has descheduled (other processes
-    keep the cores busy) can take a time slice. Joins are averaged like ``WayChooser`` averages reads (each
-    clipped to 4x the average), after ``UNTIMED`` joins (a helper that had gone to sleep wakes up during
-    the first ones); once the average is over, ``OFF`` reads go through ``stacks`` (they also bring the
-    chooser's costs up to date), then posting is tried again."""
-
-    OFF = 256
-    UNTIMED = 8
-    WEIGHT = 0.05
-    SLOWER = 1.0  # joins at most this times the plain read's cost
-
-    def __init__(self) -> None:
-        self.cost = 0.0  # seconds per byte of a join (0.0: none yet)
-        self.off = 0  # reads left before posting is tried again
-        self.untimed = self.UNTIMED
-        self.times_off = 0
-        self.posts = 0  # reads posted
-
-    def open(self) -> bool:
-        if self.off:
-            self.off -= 1
-            return False
-        return True
-
-    def joined(self, per_byte: float, plain: list[float]) -> None:
-        if self.untimed:
-            self.untimed -= 1
-            return
-        c = self.cost
-        self.cost = per_byte if c == 0.0 else c + self.WEIGHT * (min(per_byte, 4 * c) - c)
-        measured = [x for x in plain if x > 0.0]
-        if measured and self.cost > self.SLOWER * min(measured):
-            self.off, self.cost, self.untimed = self.OFF, 0.0, self.UNTIMED
-            self.times_off += 1
 
 
 class FrameReader:
@@ -531,38 +322,14 @@ class FrameReader:
         return out.reshape(slots.shape + self.frames.shape[1:])
 
     def _reference(self, slots: np.ndarray) -> np.ndarray:
-        """Frames at ``slots`` (1-D) decoded one by one with numcodecs: the path without numba (and the
-        reference the kernels are tested against)."""
-        ring = self._ring
-        assert ring is not None
-        fb = ring.frame_bytes
-        out = np.empty((slots.size, fb), np.uint8)
-        for i, slot in enumerate(slots.tolist()):
-            pos, row = divmod(slot, ring.rows_alloc)
-            if not 0 <= pos < ring.positions or ring.frame_kind[pos] not in (KIND_RAW, KIND_LZ4):
-                raise self._error(E_UNMAPPED, slot)
-            if ring.frame_kind[pos] == KIND_RAW:
-                out[i] = ring.raw_frames[slot * fb:(slot + 1) * fb]
-                continue
-            base = pos * ring.cstride
-            rec = np.frombuffer(ring.comp_bytes[base + int(ring.comp_table[pos]) + 16 * row:][:16].tobytes(),
-                                framefile.RECORD)[0]
-            off, length, crc = int(rec["offset"]), int(rec["length"]), int(rec["crc"])
-            data = int(ring.comp_table[pos]) + 16 * ring.schema.chunk_size  # entries start after the records
-            if off < data or length < 1 or length > fb or off + length > ring.comp_end[pos]:
-                raise self._error(2, slot)
-            entry = ring.comp_bytes[base + off:base + off + length].tobytes()
-            out[i] = np.frombuffer(framefile.decode_entry(ring.frames_file(slot), entry, crc, fb, row), np.uint8)
+        """Frames at ``slots`` (1-D) decoded one by one with numcodecs (``reference_read.py``)."""
+        assert self._ring is not None
+        out = reference_frames(self._ring, slots)
         return out.view(self.frames.dtype).reshape((slots.size,) + self.frames.shape[1:])
 
     def _error(self, err: int, slot: int) -> Exception:
-        ring = self._ring
-        assert ring is not None
-        if err == E_UNMAPPED:
-            return RuntimeError(f"frame slot {slot} is not in a mapped chunk (an mmreplay bug; please report it)")
-        row = slot % ring.rows_alloc
-        return CorruptStoreError(f"{ring.frames_file(slot)}: frame {row} is damaged ({ERRORS.get(err, err)});"
-                                 " `mmreplay verify` lists every damaged file")
+        assert self._ring is not None
+        return frame_error(self._ring, err, slot)
 
     def read_ahead_slots(self, slots: np.ndarray) -> None:
         """Start reading the frames at ``slots`` into the page cache, all at once, in file order.

@@ -22,7 +22,8 @@ from test_compression import _compressed_chunk, _flip, drive
 
 import mmreplay as mr
 from mmreplay.native import crew
-from mmreplay.reader import FrameReader, WayChooser, cgroup_cpu_quota, usable_cpus
+from mmreplay.reader import FrameReader
+from mmreplay.readpolicy import WayChooser, cgroup_cpu_quota, usable_cpus
 from mmreplay.storage import framefile
 
 
@@ -321,7 +322,8 @@ def test_one_usable_cpu_means_no_helpers():
     code = textwrap.dedent("""
         import os
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-        from mmreplay.reader import FrameReader, default_threads, usable_cpus
+        from mmreplay.reader import FrameReader
+        from mmreplay.readpolicy import default_threads, usable_cpus
         import numpy as np
         r = FrameReader(np.zeros((4, 8), np.uint8))
         print(usable_cpus(), default_threads(), r.threads, r._crew is None)

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from test_crew import _finished_by_helpers, atari_store, damaged_slots, damaged_store
 
 import mmreplay as mr
-from mmreplay.reader import FrameReader, PostGate
+from mmreplay.reader import FrameReader
+from mmreplay.readpolicy import PostGate
 
 
 def _atari_store(path: str, compression: str | None, capacity: int = 600) -> mr.ReplayStore:
