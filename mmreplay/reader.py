@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from .bufferpool import FramePool
-from .native.codes import KIND_LZ4, KIND_RAW
-from .readpolicy import PostGate, WayChooser, default_threads, usable_cpus
+from .native.codes import FLAT, KIND_LZ4, KIND_RAW, PAIRS
+from .readpolicy import ALONE, SHARED, PostGate, WayChooser, default_threads, usable_cpus
 from .reference_read import frame_error, reference_frames
 from .storage.ring import ChunkRing
 from .storage.vmem import PAGE, RangeAdvisor, memory_budget
@@ -137,7 +137,7 @@ class FrameReader:
         if self._native is not None and self._ring is not None:
             obs = np.ascontiguousarray(obs_slots, np.int64)
             nxt = np.ascontiguousarray(next_slots, np.int64)
-            self._read(0, obs, nxt, both, b, ahead)
+            self._read(PAIRS, obs, nxt, both, b, ahead)
         else:  # numpy: no numba, or no ring
             index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
             flat = both.reshape((-1,) + frames.shape[1:])
@@ -175,13 +175,13 @@ class FrameReader:
 
     def _read(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, out: np.ndarray, rows: int,
               cold: bool) -> None:
-        """Read ``rows`` rows (``mode``: the crew's PAIRS of stacks, or FLAT frames) into ``out``: shared with
+        """Read ``rows`` rows (``mode``: ``PAIRS`` of stacks, or ``FLAT`` frames) into ``out``: shared with
         the helpers when there are any, the read is large enough and ``WayChooser`` finds that faster now
         (cold reads are always shared: their threads wait on page faults side by side, and they are not
         timed); else in this thread alone."""
         lz4 = self._native
         assert lz4 is not None
-        way, how = 1, WayChooser.AVERAGE
+        way, how = ALONE, WayChooser.AVERAGE
         crew = self._crew
         self._reads += 1
         if crew is not None and self._reads % self.RECHECK == 0:
@@ -189,12 +189,12 @@ class FrameReader:
             crew.limit(self._cpus - 1)
         if (crew is not None and rows > 1 and out.nbytes >= self.MIN_SHARED_BYTES and self.SHARE is not False
                 and (self._cpus > 1 or self.SHARE)):
-            way, how = (0, WayChooser.UNTIMED) if cold or self.SHARE else self._ways.pick()
+            way, how = (SHARED, WayChooser.UNTIMED) if cold or self.SHARE else self._ways.pick()
         start = time.perf_counter()
-        if way == 0:
+        if way == SHARED:
             task = crew.post(self._fields(mode, slots, nxt, rows, out), rows, (slots, nxt, out))
             err, slot, _ = crew.join(task)
-        elif mode == 0:
+        elif mode == PAIRS:
             err, slot = lz4.gather_pairs(slots, nxt, 0, rows, out.reshape(-1).view(np.uint8), *self._kernel_args())
         else:
             err, slot = lz4.gather(slots, out.reshape(-1).view(np.uint8), *self._kernel_args())
@@ -217,7 +217,7 @@ class FrameReader:
         obs = np.ascontiguousarray(obs_slots, np.int64)
         nxt = np.ascontiguousarray(next_slots, np.int64)
         posted = PostedStacks(crew, (0, 0), both, obs, nxt)
-        posted.task = crew.post(self._fields(0, obs, nxt, b, both), b, posted)
+        posted.task = crew.post(self._fields(PAIRS, obs, nxt, b, both), b, posted)
         self._gate.posts += 1
         return posted
 
@@ -272,7 +272,7 @@ class FrameReader:
         faults = resource.getrusage(_FAULTS_OF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
         if self._native is not None and self._ring is not None:
-            self._read(1, index, None, flat, index.size, ahead)
+            self._read(FLAT, index, None, flat, index.size, ahead)
         elif self._ring is not None and self._ring.compressed:
             flat[:] = self._reference(index)
         else:

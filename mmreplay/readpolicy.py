@@ -79,8 +79,8 @@ def default_threads() -> int:
 
 
 class WayChooser:
-    """Which of two ways to read is faster now: 0, shared with the helper threads; 1, the calling thread
-    alone. From what reads cost per output byte: the way in use is averaged over its recent reads (each
+    """Which of two ways to read is faster now: ``SHARED`` with the helper threads, or ``ALONE`` in the
+    calling thread. From what reads cost per output byte: the way in use is averaged over its recent reads (each
     clipped to 4x the average: switching takes a run of slow reads, not one), the other is tried every
     ``PROBE`` reads (and once early) and taken as measured. The first read with helpers starts them, so it is
     not timed.
@@ -94,7 +94,7 @@ class WayChooser:
     AVERAGE, MEASURED, UNTIMED = 0, 1, 2  # how ``record`` takes a read
 
     def __init__(self) -> None:
-        self.cost = [0.0, 0.0]  # seconds per output byte (0.0: not measured yet)
+        self.cost = [0.0, 0.0]  # per way (SHARED, ALONE): seconds per output byte (0.0: not measured yet)
         self.reads = 0
 
     def pick(self) -> tuple[int, int]:
@@ -103,14 +103,14 @@ class WayChooser:
         r = self.reads
         shared, alone = self.cost
         if r == 1:
-            return 0, self.UNTIMED  # the first shared read starts the helpers
+            return SHARED, self.UNTIMED  # the first shared read starts the helpers
         if alone == 0.0 and r >= self.EARLY:
-            return 1, self.MEASURED
+            return ALONE, self.MEASURED
         if shared == 0.0 or alone == 0.0 or shared <= alone:
-            return (1, self.MEASURED) if r % self.PROBE == 0 else (0, self.AVERAGE)
+            return (ALONE, self.MEASURED) if r % self.PROBE == 0 else (SHARED, self.AVERAGE)
         if r % self.PROBE == 0:
-            return 0, self.MEASURED
-        return 1, self.AVERAGE
+            return SHARED, self.MEASURED
+        return ALONE, self.AVERAGE
 
     def record(self, way: int, seconds: float, nbytes: int, how: int) -> None:
         if how == self.UNTIMED:

@@ -22,6 +22,7 @@ from test_compression import _compressed_chunk, _flip, drive
 
 import mmreplay as mr
 from mmreplay.native import crew
+from mmreplay.native.codes import FLAT, PAIRS
 from mmreplay.reader import FrameReader
 from mmreplay.readpolicy import WayChooser, cgroup_cpu_quota, usable_cpus
 from mmreplay.storage import framefile
@@ -115,13 +116,13 @@ def test_rows_read_by_the_helpers_alone_are_the_one_thread_read(stores, kind, b,
             if flat:
                 slots = np.ascontiguousarray(plan.stacks.reshape(-1), np.int64)
                 out = np.zeros((slots.size,) + ring.arrays["obs"].shape[1:], np.uint8)
-                task = c.post(reader._fields(crew.FLAT, slots, None, slots.size, out), slots.size, None)
+                task = c.post(reader._fields(FLAT, slots, None, slots.size, out), slots.size, None)
                 want = one.gather(slots)
             else:
                 obs = np.ascontiguousarray(plan.obs_slots, np.int64)
                 nxt = np.ascontiguousarray(plan.next_slots, np.int64)
                 out = np.zeros((2, b, 4) + ring.arrays["obs"].shape[1:], np.uint8)
-                task = c.post(reader._fields(crew.PAIRS, obs, nxt, b, out), b, None)
+                task = c.post(reader._fields(PAIRS, obs, nxt, b, out), b, None)
                 want = np.stack(one.stacks(plan.obs_slots, plan.next_slots))
             assert _finished_by_helpers(c, task)
             assert c.join(task) == (0, 0, 0)  # nothing left for the caller

@@ -7,6 +7,10 @@ KIND_NONE = -1  # nothing mapped
 KIND_RAW = 0  # the raw column file
 KIND_LZ4 = 1  # a compressed frame file
 
+# What a frame read makes (a crew task's MODE, ``FrameReader._read``'s ``mode``): PAIRS, the obs and
+# next stacks of rows, (2, rows, stack, frame); FLAT, one frame per slot.
+PAIRS, FLAT = 0, 1
+
 # Error codes returned by the decoding kernels (0 = fine).
 E_UNMAPPED = 1
 E_RECORD = 2

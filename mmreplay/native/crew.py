@@ -53,6 +53,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._mem import atomic_add, atomic_load, atomic_store
+from .codes import PAIRS
 from .lz4 import gather as gather_frames
 from .lz4 import gather_pairs as gather_pair_rows
 
@@ -66,7 +67,6 @@ SPINS = 256  # pauses a join waits for a helper's last chunk before it yields th
 WAKE = 31  # at most this many helpers are woken per post (the CPUs the process may use, less the caller's)
 FIELDS = MODE + 1 - OBS  # a task's fields: ctl[OBS:OBS + FIELDS]
 CTL_SIZE = 32
-PAIRS, FLAT = 0, 1
 SEQ_SHIFT, CHUNK_SHIFT, LOW = 40, 20, (1 << 20) - 1
 SEQ_WRAP = 1 << 22
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
