@@ -151,6 +151,8 @@ def test_create_on_non_empty_directory(tmp_path):
     (dict(extras={"x": "float32"}), ["(shape, dtype)"]),
     (dict(prioritized={"alpha": 0.6}), ["mr.Prioritized"]),
     (dict(capacity=1_000_000, chunk_size=64), ["chunk_size=64", "memory", "chunk_size >= "]),
+    (dict(read_threads="auto"), ["read_threads", "int >= 1", "'auto'"]),
+    (dict(read_threads=0), ["read_threads", "int >= 1", "got 0"]),
 ])
 def test_create_arguments_are_validated(tmp_path, kw, words):
     args = dict(capacity=10, obs_shape=(2,))
@@ -160,6 +162,13 @@ def test_create_arguments_are_validated(tmp_path, kw, words):
     for w in words:
         assert w in str(info.value)
     assert not (tmp_path / "s").exists()
+
+
+def test_open_refuses_a_bad_read_threads(store):
+    store.commit()
+    for bad in ("auto", 0, 2.5, True):
+        with pytest.raises(ValueError, match="read_threads: expected None"):
+            mr.ReplayStore.open(store.path, mode="r", read_threads=bad)
 
 
 def test_open_foreign_or_newer_directory(tmp_path, store):
