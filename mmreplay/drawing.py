@@ -20,13 +20,13 @@ import numpy as np
 
 from .errors import NotSampleableError
 from .index import Index
-from .prefetch import BatchIterator, Draw
+from .prefetch import BatchIterator, DrawnBatch
 from .sampling import Sampler
 
 T = TypeVar("T")
 
 
-class Drawer:
+class DrawState:
     """RNG, draw counter and live prefetching iterators of one open store."""
 
     def __init__(self, manifest: dict[str, Any], seed: int | None) -> None:
@@ -41,18 +41,18 @@ class Drawer:
         self._pool: ThreadPoolExecutor | None = None
 
     def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
-             plan: bool = False) -> Draw:
-        """Choose a batch's ids (and weights). With ``plan``, also fix its row arithmetic now (for a copy
+             plan_now: bool = False) -> DrawnBatch:
+        """Choose a batch's ids (and weights). With ``plan_now``, also fix its row arithmetic now (for a copy
         made later in another thread) and remember the RNG state before it (for ``state``)."""
-        before = dict(self.rng.bit_generator.state) if plan else {}
+        before = dict(self.rng.bit_generator.state) if plan_now else {}
         self._count += 1
         ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
         if slots is None:
             slots = index.slots_of(ids)
-        return Draw(ids, weight, before, self._count, index.plan(slots) if plan else None, slots=slots)
+        return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan_now else None, slots=slots)
 
     def draw_sequences(self, sampler: Sampler, index: Index, batch_size: int, length: int, strict: bool,
-                       beta: float | None) -> Draw:
+                       beta: float | None) -> DrawnBatch:
         """Choose the starts of a batch of sequences (and their weights) and fix their row arithmetic.
 
         Non-strict starts are drawn exactly as ``draw`` draws transitions; strict ones among the starts with
@@ -73,20 +73,20 @@ class Drawer:
         self._count += 1
         ids, weight = got
         head = index.rows.copy()  # each stream's rows now (the index's counters change as rows are written)
-        return Draw(ids, weight, before, self._count, index.sequence_plan(index.slots_of(ids), length, head),
+        return DrawnBatch(ids, weight, before, self._count, index.sequence_plan(index.slots_of(ids), length, head),
                     length, strict, head)
 
-    def iterator(self, draw: Callable[[], Draw], assemble: Callable[..., T], index: Index,
+    def iterator(self, draw: Callable[[], DrawnBatch], assemble: Callable[..., T], index: Index,
                  kind: tuple[int, int, bool], prefetch: int, handout: Callable[[int], None] | None = None,
-                 post: Callable[[Draw], Any] | None = None,
+                 post: Callable[[DrawnBatch], Any] | None = None,
                  guard: AbstractContextManager[Any] | None = None) -> BatchIterator[T]:
-        """A prefetching iterator of draws of one ``kind`` (``Draw.kind``: batch size, sequence length or 0,
+        """A prefetching iterator of draws of one ``kind`` (``DrawnBatch.kind``: batch size, sequence length or 0,
         strict). The first one after a resume first hands out the batches the committed run had drawn but
         not handed out (if they are of this kind and still sampleable), then continues from there.
         ``handout(rows)`` runs before each batch is handed out (the rate limit); ``post(draw)`` starts
         reading a draw's frames in the reader's helper thread, and ``assemble(draw, posted, then)`` finishes
         such a draw (``BatchIterator``); ``guard`` (the store's lock) is held by each ``next()``."""
-        pending: list[Draw] = []
+        pending: list[DrawnBatch] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
             # (a manifest naming ids that are not sampleable is not handed out: draw afresh from ``rng``)
@@ -171,13 +171,13 @@ def _head_json(head: Any) -> Any:
     return int(h[0]) if (h == h[0]).all() else h.tolist()
 
 
-def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[Draw], dict[str, Any]]:
+def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[DrawnBatch], dict[str, Any]]:
     state = manifest.get("pending_draws")
     if not state:
         return [], {}
     weights = state["weights"] or [None] * len(state["ids"])
     # the first one's RNG state before it is the committed "rng" (the state as of the last batch handed out)
-    draws = [Draw(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
+    draws = [DrawnBatch(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
                   manifest["rng"] if i == 0 else {}, i)
              for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
     seq = state.get("sequences")

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from . import _inputs, snapshot
-from .drawing import Drawer
+from .drawing import DrawState
 from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError, StoreIOError
 from .index import Index
 from .log import ChunkLog
@@ -41,12 +41,14 @@ READ_RETRIES = 5
 
 
 @dataclass
-class Parts:
-    """The parts whose state a commit records (replaced together when a reader refreshes)."""
+class CommittedParts:
+    """The parts whose state a commit records (replaced together when a reader refreshes). ``index`` is
+    the log's (it lives as long as the log); a commit asks it for validity, not through the log."""
 
     log: ChunkLog
+    index: Index
     sampler: Sampler
-    drawer: Drawer
+    draw_state: DrawState
     limiter: RateLimiter | None = None
 
     def counters(self, path: str, ids: Any, settle: bool) -> dict[str, Any]:
@@ -57,7 +59,7 @@ class Parts:
         out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
                                "rows": log.rows.tolist(), "holes": log.holes(),
                                "compressed_chunks": sorted(log.ring.compressed),
-                               "rng": self.drawer.rng.bit_generator.state}
+                               "rng": self.draw_state.rng.bit_generator.state}
         if self.limiter is not None:
             out["rate_limit"] = self.limiter.counts()
         if prio is not None:
@@ -65,7 +67,7 @@ class Parts:
                        priority_state=read_manifest(path).get("priorities"))
             if ids is not None:
                 ids = _inputs.ids_array(ids)
-                log.index.check_ids(ids)
+                self.index.check_ids(ids)
                 out["priority_masses"] = prio.masses(ids)
         return out
 
@@ -118,7 +120,7 @@ class Durability:
                 " the disk, then reopen it: it reopens at its last commit")
 
     # -- commit ----------------------------------------------------------------------------------------
-    def body(self, parts: Parts, generation: int, root: str, metadata: dict[str, Any],
+    def body(self, parts: CommittedParts, generation: int, root: str, metadata: dict[str, Any],
              delta: bool = False) -> dict[str, Any]:
         """The manifest body describing the parts' current state (state files written under ``root``;
         ``delta``: a commit in place, whose state may build on the files of earlier commits)."""
@@ -129,8 +131,8 @@ class Durability:
         body = {"generation": generation, "committed_at": time.time(), "schema": self.schema.to_json(),
                 "metadata": metadata, "snapshots": self.snapshots,
                 "priorities": parts.sampler.save_state(files, delta),
-                **parts.drawer.state(parts.log.index), **parts.log.manifest_body()}
-        validity = self.validity_entry(parts.log.index, files, in_place=delta)
+                **parts.draw_state.state(parts.index), **parts.log.manifest_body()}
+        validity = self.validity_entry(parts.index, files, in_place=delta)
         if validity is not None:
             body["validity"] = validity
         if rate is not None:
@@ -156,7 +158,7 @@ class Durability:
                 "invalid_ids": int((ranges[:, 1] - ranges[:, 0]).sum()),
                 "file": files.write("invalid", ranges) if ranges.size else None}
 
-    def commit(self, parts: Parts, metadata: dict[str, Any]) -> None:
+    def commit(self, parts: CommittedParts, metadata: dict[str, Any]) -> None:
         """Make the parts' state the durable resume point, in place (O(open chunk + changes))."""
         parts.log.ring.check_intact(most=64)  # a file truncated under the store: refused before it is read
         try:
@@ -174,12 +176,12 @@ class Durability:
         self.generation, self.committed_at = gen, body["committed_at"]
         self.validity, self.rate_counts = body.get("validity"), body.get("rate_limit")
         self.state_crcs = body["state_crc32"]
-        parts.log.index.validity_committed()
+        parts.index.validity_committed()
         parts.sampler.saved(body["priorities"])
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))
 
-    def save(self, parts: Parts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None) -> str:
+    def save(self, parts: CommittedParts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None) -> str:
         """Write a consistent snapshot of the parts' state to ``snapshot_dir``; return its absolute path.
 
         A disk error leaves no partial snapshot (a new directory is removed; an existing snapshot keeps

@@ -1,6 +1,6 @@
 """The in-RAM index: every id <-> slot question and which stored transitions are sampleable.
 
-Per slot the index keeps only ``flags`` (uint8), ``epos`` (int32: rows since the
+Per slot the index keeps only ``flags`` (uint8), ``episode_pos`` (int32: rows since the
 first stored frame of the episode), ``slot_id`` (int64 transition id) and
 ``valid`` (bool), plus ``id2slot`` — ~22 bytes per slot. It also owns the id
 counters (``oldest_id``, ``next_id``), the row counters of every stream (``rows``,
@@ -63,7 +63,7 @@ class _Fits:
 class Index:
     """Per-slot bookkeeping and the sampleable set.
 
-    Validity is decided lazily: ``sync()`` examines rows written since the last
+    Validity is decided lazily: ``settle()`` examines rows written since the last
     call and returns the slots that became sampleable, so ``step()`` stays a
     handful of array stores.
     """
@@ -81,7 +81,7 @@ class Index:
         size = geometry.positions * geometry.rows_alloc
         n_env = geometry.num_envs
         self._flags = np.zeros(size, np.uint8)
-        self._epos = np.zeros(size, np.int32)
+        self._episode_pos = np.zeros(size, np.int32)
         self._slot_id = np.full(size, -1, np.int64)
         self._valid = np.zeros(size, np.bool_)
         self._id2slot = np.full(size, -1, np.int64)
@@ -91,17 +91,17 @@ class Index:
         self._rows0 = 0  # ``_rows[0]`` as a Python int (the one-stream step stores it, cheaper than ``+= 1``)
         self._one_stream = n_env == 1
         self._oldest_row = np.zeros(n_env, np.int64)  # per stream: first retained row
-        self._written = 0  # frame rows written by all streams (what ``sync`` compares with)
+        self._written = 0  # frame rows written by all streams (what ``settle`` compares with)
         self._next_id = 0  # the id the next transition gets
         self._oldest_id = 0  # the oldest retained id (ids below it were evicted)
         self._checked = np.zeros(n_env, np.int64)  # per stream: first row whose validity is undecided
         self._n_valid = 0
-        self._synced = -1
-        # Per stream, the state of its last frame once that frame was retired (ended, epos, lost):
+        self._settled = -1
+        # Per stream, the state of its last frame once that frame was retired (ended, episode_pos, lost):
         # a stream idle for a whole capacity must still continue its episode correctly.
         self._tail = np.zeros((n_env, 3), np.int64)
         # invalidate()/clear(): invalidated transitions carry the INVALID bit, so no later decision
-        # (sync, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
+        # (settle, retire, a rebuild followed by apply_validity) makes them sampleable again. clear() also
         # moves the start of what is listed (episodes, transition tables) to the row it happened at.
         self._clear_id = 0  # ids below were removed by clear()
         self._clear_row = np.zeros(n_env, np.int64)  # per stream: rows at the time of that clear()
@@ -113,7 +113,7 @@ class Index:
         """The chunk held at each ring position (-1: free)."""
         return self.geo.seq_of_pos
 
-    # -- counters (read-only; changed by the methods below and by retire, invalidate, clear, sync) -------
+    # -- counters (read-only; changed by the methods below and by retire, invalidate, clear, settle) -------
     @property
     def rows(self) -> np.ndarray:
         """Per stream, the frame rows written (a read-only view that follows them)."""
@@ -136,7 +136,7 @@ class Index:
 
     @property
     def n_valid(self) -> int:
-        """How many transitions are sampleable (as of the last ``sync``)."""
+        """How many transitions are sampleable (as of the last ``settle``)."""
         return self._n_valid
 
     @property
@@ -202,7 +202,7 @@ class Index:
         moves = [(old.chunk_slots(q), new.chunk_slots(q)) for q in seqs]
         size = new.size
         arrays = {}
-        for name in ("_flags", "_epos", "_slot_id", "_valid"):
+        for name in ("_flags", "_episode_pos", "_slot_id", "_valid"):
             src = getattr(self, name)
             dst = np.full(size, -1, src.dtype) if name == "_slot_id" else np.zeros(size, src.dtype)
             for a, b in moves:
@@ -222,15 +222,15 @@ class Index:
 
         ``streams[s] = (r0, slots, flags, ids)``: stream s's first retained row, then the slots, disk
         flags and transition ids (-1 on START rows) of its retained rows in row order. ``tails``: per
-        stream (ended, epos, lost) of its last frame, used when that frame is not retained. ``heads``: per
+        stream (ended, episode_pos, lost) of its last frame, used when that frame is not retained. ``heads``: per
         stream the episode position of its oldest retained row (``head_epos``), so an episode whose start
         was retired keeps the positions the writing store gave it. Returns the
-        sampleable slots. This is ``sync()`` specialised for a whole store: the same rules, computed in
+        sampleable slots. This is ``settle()`` specialised for a whole store: the same rules, computed in
         row space with a few passes over each stream's arrays.
         """
         if tails is not None:
             self._tail[:] = tails
-        self._synced = self._written
+        self._settled = self._written
         valid = [self._rebuild_stream(s, *parts, head=1 if heads is None else max(1, int(heads[s])))
                  for s, parts in enumerate(streams)]
         live = [(sl[ids >= 0], ids[ids >= 0]) for _, sl, _, ids in streams]
@@ -265,7 +265,7 @@ class Index:
         last_start = np.maximum.accumulate(np.where(start, pos, -1))
         # An episode whose START was retired continues from the position its oldest retained row had
         # (``head``; at least one row before the oldest: its head is gone).
-        epos = np.where(last_start >= 0, pos - last_start, pos + head)
+        episode_pos = np.where(last_start >= 0, pos - last_start, pos + head)
         if (flags & HEAD_LOST).any():  # imports only: the flag is propagated to the episode's frames
             lost = ((flags & HEAD_LOST) != 0)[np.maximum(last_start, 0)] & (last_start >= 0)
         else:
@@ -273,7 +273,7 @@ class Index:
         tx = ~start
         ram_flags = flags | np.where(end, END, 0).astype(np.uint8) | np.where(lost, LOST, 0).astype(np.uint8)
         self._flags[slots] = ram_flags
-        self._epos[slots] = epos
+        self._episode_pos[slots] = episode_pos
         self._slot_id[slots] = ids
         # Window of the transition at row r: up to the first episode end at or after r, at most n rows.
         next_end = np.minimum.accumulate(np.where(end, pos, n_rows + n)[::-1])[::-1]
@@ -285,7 +285,7 @@ class Index:
             last = np.minimum(pos + np.minimum(dist + 1, n) - 1, n_rows - 1)
             last_f = ram_flags[last]
             valid &= ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
-        f0 = pos - epos  # the episode's first stored row (relative; -1 when retired)
+        f0 = pos - episode_pos  # the episode's first stored row (relative; -1 when retired)
         valid &= (~lost & (f0 >= 0)) | (pos - k >= np.maximum(f0, 0))
         incomplete = ~complete
         self._checked[s] = r0 + int(incomplete.argmax()) if incomplete.any() else r0 + n_rows
@@ -294,10 +294,10 @@ class Index:
         return new
 
     # -- writing ---------------------------------------------------------------------------------------
-    def note_frames(self, slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, ids: np.ndarray) -> None:
+    def note_frames(self, slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, ids: np.ndarray) -> None:
         """Record frames written at ``slots`` (any streams and rows). ids < 0 for START frames."""
         self._flags[slots] = flags
-        self._epos[slots] = epos
+        self._episode_pos[slots] = episode_pos
         self._slot_id[slots] = ids
         has = ids >= 0
         if has.all():
@@ -311,10 +311,10 @@ class Index:
         """A START followed these frames: they ended their episodes (truncation by reset)."""
         self._flags[slots] |= END
 
-    def note_frame(self, slot: int, flags: int, epos: int, tid: int) -> None:
+    def note_frame(self, slot: int, flags: int, episode_pos: int, tid: int) -> None:
         """``note_frames`` for the one transition frame of an unbatched step (scalar stores only)."""
         self._flags[slot] = flags
-        self._epos[slot] = epos
+        self._episode_pos[slot] = episode_pos
         self._slot_id[slot] = tid
         self._id2slot[tid % self._id2slot.size] = slot
         if flags & MISSING:
@@ -333,14 +333,14 @@ class Index:
             out[s] = self.geo.slots(s, self._rows[s] - 1)
         return out
 
-    def head_epos(self) -> np.ndarray:
+    def head_episode_pos(self) -> np.ndarray:
         """Per stream, the episode position of its oldest retained row (0 when it retains none): a
         manifest's ``head_epos``, from which ``rebuild`` restores the positions of an episode whose start
         was retired."""
         out = np.zeros(self._rows.shape, np.int64)
         held = np.flatnonzero(self._rows > self._oldest_row)
         if held.size:
-            out[held] = self._epos[self.geo.slots(held, self._oldest_row[held])]
+            out[held] = self._episode_pos[self.geo.slots(held, self._oldest_row[held])]
         return out
 
     def stream_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -349,14 +349,14 @@ class Index:
         last = self.last_slots()
         held = last >= 0
         ended = self._tail[:, 0] != 0
-        epos = self._tail[:, 1].astype(np.int32)
+        episode_pos = self._tail[:, 1].astype(np.int32)
         lost = self._tail[:, 2] != 0
         f = self._flags[last[held]]
         ended[held] = (f & END) != 0
-        epos[held] = self._epos[last[held]]
+        episode_pos[held] = self._episode_pos[last[held]]
         lost[held] = (f & LOST) != 0
         ended[self._rows == 0] = True
-        return ended, epos, lost
+        return ended, episode_pos, lost
 
     def add_chunk(self, seq: int, first_rows: np.ndarray | None = None) -> None:
         """Chunk ``seq`` now occupies its ring position; ``first_rows``: each stream's row at offset 0
@@ -479,7 +479,7 @@ class Index:
         if cfg is None:
             return self.plan_numpy(slots)
         stacks, pad, reward_slots, reward_weights, m, ends, zeros = native_plan.plan_batch(
-            slots, self._flags, self._epos, self.seq_of_pos, cfg, self.math.gammas)
+            slots, self._flags, self._episode_pos, self.seq_of_pos, cfg, self.math.gammas)
         return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
                     ends[2], stacks, pad, zeros)
 
@@ -492,7 +492,7 @@ class Index:
         cfg = self._native_config()
         if cfg is None:
             return None
-        return native_plan.plan_returns(slots, self._flags, self._epos, self.seq_of_pos, cfg, self.math.gammas,
+        return native_plan.plan_returns(slots, self._flags, self._episode_pos, self.seq_of_pos, cfg, self.math.gammas,
                                         reward, discounts)
 
     def _native_config(self) -> np.ndarray | None:
@@ -512,7 +512,7 @@ class Index:
 
     def plan_numpy(self, slots: np.ndarray) -> Plan:
         """``plan`` through numpy (``plan.RowMath.plan``): any layout, and the reference of the native pass."""
-        return self.math.plan(self._flags, self._epos, self.geo, slots, self._oldest_row, self._rows, self._has_missing)
+        return self.math.plan(self._flags, self._episode_pos, self.geo, slots, self._oldest_row, self._rows, self._has_missing)
 
     def sequence_plan(self, slots: np.ndarray, length: int, head: np.ndarray | None = None) -> SequencePlan:
         """The row arithmetic of sequences of ``length`` steps from valid transition slots ``slots``, as they
@@ -522,15 +522,15 @@ class Index:
             raise ValueError(f"head: expected a row count per stream in [{self._oldest_row.tolist()},"
                              f" {self._rows.tolist()}], got {head.tolist()}")
         if slots.size:
-            s, rho = self.geo.rows_of(slots)
-            if (rho >= head[s]).any():
+            s, stream_row = self.geo.rows_of(slots)
+            if (stream_row >= head[s]).any():
                 raise ValueError(f"head: {head.tolist()} rows cannot hold these starts (a start must be written"
                                  " before it)")
-        return sequence_plan(self.math, self._flags, self._epos, self._slot_id, self.geo, slots, length, head)
+        return sequence_plan(self.math, self._flags, self._episode_pos, self._slot_id, self.geo, slots, length, head)
 
     def sequence_fits(self, slots: np.ndarray, length: int) -> np.ndarray:
         """Which valid transition slots start ``length`` steps of their episode, written now (bool mask)."""
-        return sequence_fits(self._epos, self.geo, slots, length, self._rows)
+        return sequence_fits(self._episode_pos, self.geo, slots, length, self._rows)
 
     def fitting_starts(self, length: int) -> np.ndarray:
         """Ids of the sampleable transitions that start ``length`` steps of their episode (strict sequences).
@@ -577,8 +577,8 @@ class Index:
             raise EpisodeStateError(f"current_obs() before the first reset(obs){which}")
         s = np.arange(self.geo.num_envs, dtype=np.int64)
         last = self._rows - 1
-        epos = self._epos[self.geo.slots(s, last)].astype(np.int64)
-        return self.math.stack_slots(self.geo, s, last, epos)
+        episode_pos = self._episode_pos[self.geo.slots(s, last)].astype(np.int64)
+        return self.math.stack_slots(self.geo, s, last, episode_pos)
 
     def row_slots(self, stream: int, rows: np.ndarray) -> np.ndarray:
         """Slots of retained rows of one stream; raises ``NotSampleableError`` if any is not retained."""
@@ -609,7 +609,7 @@ class Index:
 
     def transition_rows(self) -> dict[str, np.ndarray]:
         """Every retained transition not removed by ``clear()``, in id order: ``id``, ``slot``, ``stream``,
-        ``row`` (of its next frame), ``epos`` (that frame's episode position), ``flags`` (RAM bits),
+        ``row`` (of its next frame), ``episode_pos`` (that frame's episode position), ``flags`` (RAM bits),
         ``valid``."""
         lo, hi = max(self._oldest_id, self._clear_id), self._next_id
         if hi <= lo:
@@ -618,7 +618,7 @@ class Index:
             slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
         stream, row = self.geo.rows_of(slots)
         return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
-                "epos": self._epos[slots].astype(np.int64), "flags": self._flags[slots], "valid": self._valid[slots]}
+                "episode_pos": self._episode_pos[slots].astype(np.int64), "flags": self._flags[slots], "valid": self._valid[slots]}
 
     # -- invalidation ----------------------------------------------------------------------------------
     def invalidate(self, ids: np.ndarray) -> tuple[int, np.ndarray]:
@@ -684,11 +684,11 @@ class Index:
     # -- validity --------------------------------------------------------------------------------------
     BLOCK = 1 << 16  # candidate rows per stream examined per pass (bounds temporary memory)
 
-    def sync(self) -> np.ndarray:
+    def settle(self) -> np.ndarray:
         """Decide every row whose n-step window has closed since the last call; return newly valid slots."""
-        if self._written == self._synced:
+        if self._written == self._settled:
             return _EMPTY  # nothing was written: no window can have closed
-        self._synced = self._written
+        self._settled = self._written
         # rows per pass scaled so a pass holds about 4M window entries whatever n_step is
         block = min(self.BLOCK, max(64, (1 << 22) // self.n_step))
         found = []
@@ -698,20 +698,20 @@ class Index:
             if int((stops - starts).sum()) <= 0:
                 self._checked[:] = starts
                 break
-            found.append(self._sync_block(starts, stops))
+            found.append(self._settle_block(starts, stops))
             if (self._checked == starts).all() or (stops == self._rows).all():
                 break
         return np.concatenate(found) if found else np.empty(0, np.int64)
 
-    def _sync_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    def _settle_block(self, starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
         geo, n = self.geo, self.n_step
         counts = stops - starts
         total = int(counts.sum())
         stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
         offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        rho = np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
+        stream_row = np.repeat(starts - offsets, counts) + np.arange(total, dtype=np.int64)
         rows = self._rows[stream][:, None]
-        win = rho[:, None] + np.arange(n, dtype=np.int64)  # (M, n) the window's frame rows
+        win = stream_row[:, None] + np.arange(n, dtype=np.int64)  # (M, n) the window's frame rows
         written = win < rows
         wslots = geo.slots(stream[:, None], np.minimum(win, rows - 1))
         ends = written & ((self._flags[wslots] & END) != 0)
@@ -719,27 +719,27 @@ class Index:
         complete = has_end | written[:, -1]
         # Completion is monotone in the row, so a stream's first incomplete row is where it stops.
         new_checked = stops.copy()
-        np.minimum.at(new_checked, stream[~complete], rho[~complete])
-        done = rho < new_checked[stream]
-        rho, stream, ends, has_end, wslots = rho[done], stream[done], ends[done], has_end[done], wslots[done]
+        np.minimum.at(new_checked, stream[~complete], stream_row[~complete])
+        done = stream_row < new_checked[stream]
+        stream_row, stream, ends, has_end, wslots = stream_row[done], stream[done], ends[done], has_end[done], wslots[done]
         slots = wslots[:, 0]  # the window starts at the transition's own row
         f = self._flags[slots]
         m = np.where(has_end, ends.argmax(axis=1) + 1, n)
-        last_f = self._flags[wslots[np.arange(rho.size), m - 1]]
+        last_f = self._flags[wslots[np.arange(stream_row.size), m - 1]]
         boot_ok = ((last_f & MISSING) == 0) | ((last_f & TERMINATED) != 0)
-        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(stream, rho, slots, f)
+        ok = ((f & (START | INVALID)) == 0) & boot_ok & self._stack_ok(stream, stream_row, slots, f)
         new = slots[ok]
         self._valid[new] = True
         self._n_valid += int(new.size)
         self._checked[:] = new_checked
         return new
 
-    def _stack_ok(self, stream: np.ndarray, rho: np.ndarray, slots: np.ndarray, f: np.ndarray) -> np.ndarray:
-        """The observation stack of transition rows ``rho`` has every real frame it needs retained."""
+    def _stack_ok(self, stream: np.ndarray, stream_row: np.ndarray, slots: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """The observation stack of transition rows ``stream_row`` has every real frame it needs retained."""
         oldest = self._oldest_row[stream]
-        f0 = rho - self._epos[slots]  # first stored row of the episode
+        f0 = stream_row - self._episode_pos[slots]  # first stored row of the episode
         lost = ((f & LOST) != 0) | (f0 < oldest)
-        return ~lost | (rho - self.stack >= np.maximum(f0, oldest))
+        return ~lost | (stream_row - self.stack >= np.maximum(f0, oldest))
 
     def retire(self, seq: int, oldest_id: int) -> np.ndarray:
         """Forget chunk ``seq`` (the oldest); ``oldest_id`` is the oldest id still retained after it.
@@ -756,7 +756,7 @@ class Index:
         if gone.size:
             last = geo.slots(gone, self._rows[gone] - 1)
             f = self._flags[last]
-            self._tail[gone] = np.stack([(f & END) != 0, self._epos[last], (f & LOST) != 0], axis=1)
+            self._tail[gone] = np.stack([(f & END) != 0, self._episode_pos[last], (f & LOST) != 0], axis=1)
         self._oldest_id = oldest_id
         geo.remove(seq)
         cleared = np.arange(sl.start, sl.stop, dtype=np.int64)
@@ -771,11 +771,11 @@ class Index:
             return cleared
         stream = np.repeat(np.arange(geo.num_envs, dtype=np.int64), counts)
         offsets = np.concatenate(([0], np.cumsum(counts)[:-1]))
-        rho = np.repeat(new_oldest - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
-        slots = geo.slots(stream, rho)
+        stream_row = np.repeat(new_oldest - offsets, counts) + np.arange(int(counts.sum()), dtype=np.int64)
+        slots = geo.slots(stream, stream_row)
         cand = self._valid[slots]
-        stream, slots, rho = stream[cand], slots[cand], rho[cand]
-        bad = slots[~self._stack_ok(stream, rho, slots, self._flags[slots])]
+        stream, slots, stream_row = stream[cand], slots[cand], stream_row[cand]
+        bad = slots[~self._stack_ok(stream, stream_row, slots, self._flags[slots])]
         self._valid[bad] = False
         self._n_valid -= int(bad.size)
         return np.concatenate([cleared, bad])

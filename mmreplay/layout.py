@@ -7,8 +7,9 @@ Vocabulary (FORMAT.md has the full picture):
   row of every stream, ``extend(env=s)`` and ``reset(obs, env=s)`` rows of one.
 - A frame is either an episode's first observation (flag ``START``) or the
   ``next_obs`` of a transition; the transition's action, reward and flags are
-  stored in the same row. So "transition rho" means the transition whose next
-  frame is row rho; its observation is row rho-1.
+  stored in the same row. So "transition at row r" (``stream_row`` in the code: a
+  row within its stream) means the transition whose next frame is row r; its
+  observation is row r-1.
 - A chunk's ``chunk_size`` slots are cut into *extents* of ``E`` consecutive
   slots (``extent_rows``). A stream writes its rows into an extent it owns,
   in order; when the extent is full it takes another free extent of the same

@@ -33,7 +33,7 @@ import numpy as np
 from .errors import CorruptStoreError
 from .index import Index
 from .layout import DISK_FLAGS, START, Geometry
-from .options import Schema
+from .options import Schema, initial_positions
 from .prefixcrc import PrefixCrc, damage_error, first_damage, stream_extents
 from .storage import npyfile
 from .storage.files import copy_exclusive
@@ -92,12 +92,6 @@ def _prefix_entry(c: dict[str, Any], schema: Schema) -> dict[str, list[int]] | N
         raise ValueError(f"chunk {c.get('name')}: prefix_crc32 does not list one checksum per env stream for"
                          f" exactly the columns {sorted(out)}")
     return out
-
-
-def initial_positions(schema: Schema) -> int:
-    """Ring positions for capacity transitions plus stack history, the retiring chunk and the open one."""
-    need = schema.capacity + schema.stack * schema.num_envs
-    return -(-need // schema.chunk_size) + 2
 
 
 _NONE = np.empty(0, np.int64)
@@ -405,7 +399,7 @@ class ChunkLog:
         """The chunk table and counters of a manifest (a commit's, or a snapshot's). Extends the open
         chunk's checksums over the rows written since the last call: O(those rows)."""
         fill = self.fill.tolist()
-        ended, epos, lost = self.index.stream_state()
+        ended, episode_pos, lost = self.index.stream_state()
         geo = self.index.geo
         rows = self.rows
         # one count while the streams are in format 1's layout (what format 1 and 2 readers take), else a list
@@ -414,8 +408,8 @@ class ChunkLog:
                    c.to_json(fill, geo.extents_of(c.seq), self._prefix_crc(c, fill)) for c in self.chunks]
         return {"rows": listed, "next_id": self.next_id, "chunks": entries,
                 "ring_positions": self.ring.positions,
-                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, epos, lost, strict=True)],
-                "head_epos": self.index.head_epos().tolist()}
+                "streams": [[bool(e), int(p), bool(x)] for e, p, x in zip(ended, episode_pos, lost, strict=True)],
+                "head_epos": self.index.head_episode_pos().tolist()}
 
     def _prefix_crc(self, c: ChunkInfo, fill: list[int]) -> dict[str, list[int]]:
         """The open chunk ``c``'s ``prefix_crc32``: the running checksums extended to ``fill`` rows per stream."""

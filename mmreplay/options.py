@@ -27,7 +27,7 @@ MAX_STACK = 1_000  # frames per state: a batch gathers B x stack frames
 MAX_N_STEP = 1_000  # n-step window: the index examines rows x n_step entries, a batch B x n_step
 MAX_ROW_BYTES = 2**28  # one frame, action or extra value: 256 MiB
 MAX_RESERVED_BYTES = 2**46  # address space the ring reserves (all columns): 64 TiB of x86-64's 128 TiB
-INDEX_BYTES_PER_SLOT = 22  # in-RAM index per ring slot: flags 1, epos 4, slot_id 8, valid 1, id2slot 8
+INDEX_BYTES_PER_SLOT = 22  # in-RAM index per ring slot: flags 1, episode_pos 4, slot_id 8, valid 1, id2slot 8
 PRIORITY_BYTES_PER_SLOT = 26  # prioritized stores add raw priority 8, sum tree ~17, dirty mask 1
 
 
@@ -281,7 +281,7 @@ class Schema:
         schema = cls(capacity, obs_shape, obs_dtype, stack, n_step, gamma, action_shape, action_dtype,
                      tuple(specs), num_envs, vector, pad, chunk_size, prioritized, rate_limit, bool(quantize),
                      resolve_compression(compression, obs_shape, obs_dtype), id_column)
-        validate_ring(schema, planned_positions(schema))
+        validate_ring(schema, initial_positions(schema))
         return schema
 
     @property
@@ -372,8 +372,9 @@ def _check_chunk_size(chunk_size: int, capacity: int, stack: int, num_envs: int)
             f" chunks; use chunk_size <= {most:,}, or None for the default")
 
 
-def planned_positions(schema: Schema) -> int:
-    """Ring positions a new store starts with (the chunk log's ``initial_positions``)."""
+def initial_positions(schema: Schema) -> int:
+    """Ring positions a new store starts with: capacity transitions plus stack history, the retiring chunk
+    and the open one."""
     need = schema.capacity + schema.stack * schema.num_envs
     return -(-need // schema.chunk_size) + 2
 

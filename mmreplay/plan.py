@@ -53,29 +53,29 @@ class RowMath:
         self.gammas = np.array([gamma ** i for i in range(n_step)], np.float64)
 
     def stack_slots(self, geo: Geometry, s: np.ndarray, last: np.ndarray,
-                    epos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                    episode_pos_last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots of the k-frame stacks ending at rows ``last`` (oldest first) and their zero-padding mask.
 
-        ``epos_last`` is the episode position of row ``last`` (rows since the episode's first stored
-        frame). Works for any leading shape of ``s``/``last``/``epos_last`` (broadcast together).
+        ``episode_pos_last`` is the episode position of row ``last`` (rows since the episode's first stored
+        frame). Works for any leading shape of ``s``/``last``/``episode_pos_last`` (broadcast together).
         """
         back = self._back
-        pad = back > epos_last[..., None]
+        pad = back > episode_pos_last[..., None]
         rows = last[..., None] - back
         if self.pad_first or pad.any():
-            rows = np.where(pad, (last - epos_last)[..., None], rows)  # the episode's first frame
+            rows = np.where(pad, (last - episode_pos_last)[..., None], rows)  # the episode's first frame
             if self.pad_first:
                 pad = np.zeros_like(pad)
         return geo.slots(s[..., None], rows), pad
 
-    def plan(self, flags: np.ndarray, epos: np.ndarray, geo: Geometry, slots: np.ndarray,
+    def plan(self, flags: np.ndarray, episode_pos: np.ndarray, geo: Geometry, slots: np.ndarray,
              oldest_row: np.ndarray, rows: np.ndarray, has_missing: bool) -> Plan:
         """Everything needed to build the rows of *valid* transition slots (vectorized, no frame access).
 
-        ``flags``/``epos`` are the index's per-slot RAM flags and episode positions; ``oldest_row`` and
+        ``flags``/``episode_pos`` are the index's per-slot RAM flags and episode positions; ``oldest_row`` and
         ``rows`` (per stream) bound the retained, written rows. Every frame a row needs lies in the span of
-        rows ``rho-k .. rho+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
-        computation over that span serves all. Column ``c`` of the span is row ``rho + c - k``. When no
+        rows ``stream_row-k .. stream_row+n-1`` of its stream (obs stack, n-step window, next stack), so one slot
+        computation over that span serves all. Column ``c`` of the span is row ``stream_row + c - k``. When no
         row's span leaves its segment (all but a few rows per chunk), the span's slots are the row's
         slot plus offsets; otherwise they are computed row by row with the span clamped to retained,
         written rows. Either way a valid row's window never reaches past its first episode end before
@@ -84,8 +84,8 @@ class RowMath:
         """
         k, n = self.k, self.n
         if geo.spans_inside(slots, k, n - 1) is not True:
-            s, rho = geo.rows_of(slots)
-            span = rho[:, None] + self._span
+            s, stream_row = geo.rows_of(slots)
+            span = stream_row[:, None] + self._span
             np.maximum(span, oldest_row[s][:, None], out=span)
             np.minimum(span, rows[s][:, None] - 1, out=span)
             sl = geo.slots(s[:, None], span)  # (B, k+n)
@@ -99,8 +99,8 @@ class RowMath:
         last_f = fl[idx, m - 1]
         has_end = ends.any(axis=1)
         terminated = (last_f & TERMINATED) != 0
-        # A span column c is before the episode's first stored frame iff c < k - epos(rho).
-        first_col = k - epos[slots]
+        # A span column c is before the episode's first stored frame iff c < k - episode_pos(stream_row).
+        first_col = k - episode_pos[slots]
         obs_pad = self._ar_k < first_col[:, None]
         next_cols = m[:, None] + self._ar_k
         next_pad = next_cols < first_col[:, None]

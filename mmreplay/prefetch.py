@@ -68,7 +68,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class Draw:
+class DrawnBatch:
     """A batch drawn but not yet handed out."""
 
     ids: np.ndarray
@@ -97,7 +97,7 @@ class _Job:
 
     __slots__ = ("draw", "state", "batch", "error", "posted")
 
-    def __init__(self, draw: Draw) -> None:
+    def __init__(self, draw: DrawnBatch) -> None:
         self.draw = draw
         self.state = _PENDING
         self.batch: Any = None
@@ -113,9 +113,9 @@ class BatchIterator(Iterator[T], Generic[T]):
     AWAY = 0.0005  # seconds out of __next__ after which a warm caller counts as busy elsewhere
     AWAY_MAX = 0.02  # the longest pause between two looks at a caller that keeps coming back
 
-    def __init__(self, draw: Callable[[], Draw], assemble: Callable[..., T], executor: ThreadPoolExecutor,
-                 prefetch: int, pending: list[Draw] | None = None,
-                 handout: Callable[[int], None] | None = None, post: Callable[[Draw], Any] | None = None,
+    def __init__(self, draw: Callable[[], DrawnBatch], assemble: Callable[..., T], executor: ThreadPoolExecutor,
+                 prefetch: int, pending: list[DrawnBatch] | None = None,
+                 handout: Callable[[int], None] | None = None, post: Callable[[DrawnBatch], Any] | None = None,
                  guard: AbstractContextManager[Any] | None = None) -> None:
         self._draw = draw
         # held for the whole of ``__next__`` (the store's lock): drawing a batch and queueing its job are one
@@ -141,7 +141,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         for d in pending or []:  # draws a committed run had made but not handed out
             self._add(d)
 
-    def _add(self, d: Draw) -> None:
+    def _add(self, d: DrawnBatch) -> None:
         with self._lock:  # the prefetch thread walks the deque in _claim
             self._jobs.append(_Job(d))
             # one prefetch-thread task at a time, looping while there is work; with prefetch=0 the
@@ -284,7 +284,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         batch: T = head.batch
         return batch
 
-    def pending(self) -> list[Draw]:
+    def pending(self) -> list[DrawnBatch]:
         """Drawn, not yet handed out (oldest first)."""
         with self._lock:
             return [job.draw for job in self._jobs]

@@ -379,7 +379,7 @@ class RateLimiter:
         return self._ins + n <= allowed
 
     def inserted(self, n: int) -> bool:
-        """``n`` transitions were stored; whether the published size is due for a refresh (sync, then
+        """``n`` transitions were stored; whether the published size is due for a refresh (settle, then
         ``publish_size``)."""
         self._ins += n
         self._wc[INSERTED] = self._ins
@@ -391,7 +391,7 @@ class RateLimiter:
         """The writer's ``len(store)`` now. While it is below ``min_size`` the next refresh is due once
         enough transitions could have become sampleable; above it, once per chunk of inserts."""
         if size == self._size and self._ins < self._size_due:
-            return  # (called after every sync: most of the time nothing changed)
+            return  # (called after every settle: most of the time nothing changed)
         self._size = size
         self._wc[SIZE] = size
         if size >= self._min:
@@ -601,15 +601,15 @@ def store_limiter(root: str, schema: Schema, manifest: dict[str, Any], writer: b
 class StoreLimit:
     """What a store's sampling and writing paths call around its rate limit (each does nothing without one).
 
-    ``sync()`` is the store's: it tells the sampler of transitions whose n-step window closed and
+    ``settle()`` is the store's: it tells the sampler of transitions whose n-step window closed and
     publishes the writer's ``len(store)``.
     """
 
-    __slots__ = ("limiter", "_sync")
+    __slots__ = ("limiter", "_settle")
 
-    def __init__(self, limiter: RateLimiter | None, sync: Callable[[], None]) -> None:
+    def __init__(self, limiter: RateLimiter | None, settle: Callable[[], None]) -> None:
         self.limiter = limiter
-        self._sync = sync
+        self._settle = settle
 
     def sample(self, rows: int, draw: Callable[[], T]) -> T:
         """``draw()`` (which chooses ``rows`` rows to hand out, with the sampling RNG) under the rate limit:
@@ -621,12 +621,12 @@ class StoreLimit:
             return draw()
         lim.check_batch(rows)
         if lim.writer:
-            self._sync()  # its len(store) is published before the limit is read
+            self._settle()  # its len(store) is published before the limit is read
         return lim.sample(rows, draw)
 
     def hand_out(self, rows: int) -> None:
         """``batches()``: count a drawn batch's rows when it is handed out (waiting for the limit)."""
-        self._sync()
+        self._settle()
         if self.limiter is not None:
             self.limiter.check_batch(rows)
             self.limiter.sample(rows, lambda: None)
@@ -653,7 +653,7 @@ class StoreLimit:
         """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""
         lim = self.limiter
         if lim is not None and n and lim.inserted(n):
-            self._sync()
+            self._settle()
 
 
 _LIMITERS: weakref.WeakSet[RateLimiter] = weakref.WeakSet()

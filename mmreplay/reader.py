@@ -291,13 +291,13 @@ class FrameReader:
     them than alone (``WayChooser``); where they cannot run (no numba, not Linux, one CPU) the caller reads
     alone. ``threads`` defaults to the CPUs this process may use (``usable_cpus``), at most 4.
 
-    Cold data: a plain gather faults pages in one at a time. Requesting all of a batch's
-    frame runs first (``request``) keeps many reads in flight, but costs per batch
-    when the pages are cached. ``prefetch_io="auto"`` therefore counts the calling thread's major page
+    Cold data: a plain gather faults pages in one at a time. Reading all of a batch's
+    frame runs ahead first (``read_ahead_slots``) keeps many reads in flight, but costs per batch
+    when the pages are cached. ``read_ahead="auto"`` therefore counts the calling thread's major page
     faults (faults that had to wait for the disk) during a plain gather: from ``COLD_FAULTS`` on,
-    batches are requested first; every ``PROBE_EVERY`` such batches one goes without, to notice
+    batches are read ahead first; every ``PROBE_EVERY`` such batches one goes without, to notice
     the data turning warm again. (Counting faults, not timing, keeps a busy CPU from looking cold.)
-    A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead``).
+    A store with compressed chunks is then also read ahead whole if it fits (``_read_ahead_store``).
     """
 
     MIN_SHARED_BYTES = 128 * 1024  # a smaller read is not worth waking a helper for
@@ -307,10 +307,10 @@ class FrameReader:
     SHARE: bool | None = None  # None: as WayChooser finds faster; True/False: always/never with the helpers
     RECHECK = 256  # reads between two looks at the CPUs this process may use (its affinity can change)
 
-    def __init__(self, frames: np.ndarray, threads: int | None = None, prefetch_io: bool | str = "auto",
+    def __init__(self, frames: np.ndarray, threads: int | None = None, read_ahead: bool | str = "auto",
                  ring: ChunkRing | None = None, native: bool = True, parallel: bool = True) -> None:
-        if prefetch_io not in (True, False, "auto"):
-            raise ValueError(f"prefetch_io: expected True, False or 'auto', got {prefetch_io!r}")
+        if read_ahead not in (True, False, "auto"):
+            raise ValueError(f"read_ahead: expected True, False or 'auto', got {read_ahead!r}")
         self.frames = frames
         self._ring = ring
         kernels = native_kernels() if native else None
@@ -320,12 +320,12 @@ class FrameReader:
         # None: the caller reads alone
         self._crew: Any = crew_module.Crew(self.threads - 1) if crew_module is not None and self.threads > 1 else None
         self._crew_module = crew_module
-        self.prefetch_io = prefetch_io
+        self.read_ahead = read_ahead
         self._pool = FramePool()
         self._advisor = RangeAdvisor()
-        self._cold_batches = 0  # > 0: requesting first; counts down to the next plain probe
+        self._cold_batches = 0  # > 0: reading ahead first; counts down to the next plain probe
         self._ways = WayChooser()  # shared with helpers, or alone: whichever is faster now
-        self._read_ahead_started = False
+        self._store_read_ahead_started = False
         self._ring_fields: np.ndarray | None = None  # the ring's part of a task's fields
         self._args: tuple[Any, ...] | None = None  # _kernel_args
         self._gate = PostGate()
@@ -339,14 +339,14 @@ class FrameReader:
         frames = self.frames
         b, k = obs_slots.shape
         both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
-        requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
-        if requested:
-            self.request(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
+        ahead = self.read_ahead is True or (self.read_ahead == "auto" and self._cold_batches > 0)
+        if ahead:
+            self.read_ahead_slots(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(_FAULTS_OF).ru_majflt
         if self._native is not None and self._ring is not None:
             obs = np.ascontiguousarray(obs_slots, np.int64)
             nxt = np.ascontiguousarray(next_slots, np.int64)
-            self._read(0, obs, nxt, both, b, requested)
+            self._read(0, obs, nxt, both, b, ahead)
         else:  # numpy: no numba, or no ring
             index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
             flat = both.reshape((-1,) + frames.shape[1:])
@@ -354,7 +354,7 @@ class FrameReader:
                 flat[:] = self._reference(index)
             else:
                 np.take(frames, index, axis=0, out=flat, mode="clip")
-        self._count_faults(requested, faults)
+        self._count_faults(ahead, faults)
         return both[0], both[1]  # C-contiguous views of one buffer
 
     def _fields(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, rows: int, out: np.ndarray) -> np.ndarray:
@@ -415,10 +415,10 @@ class FrameReader:
     def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> PostedStacks | None:
         """Start reading ``stacks(obs_slots, next_slots)`` in the helper threads and return at once;
         ``join_stacks`` gives the two arrays. None when the read had better be made by ``stacks`` when needed:
-        no helpers; cold data (its reads go through the fault counting and requests of ``stacks``); and while
+        no helpers; cold data (its reads go through the fault counting and read-ahead of ``stacks``); and while
         ``PostGate`` has found joins slower than plain reads (the cores are busy elsewhere)."""
         crew, ring = self._crew, self._ring
-        if (self._native is None or ring is None or crew is None or self.prefetch_io is True or self._cpus <= 1
+        if (self._native is None or ring is None or crew is None or self.read_ahead is True or self._cpus <= 1
                 or self._cold_batches > 0 or not self._gate.open()):
             return None
         b, k = obs_slots.shape
@@ -453,14 +453,14 @@ class FrameReader:
             raise self._error(*posted.error)
         return posted.both[0], posted.both[1]
 
-    def _count_faults(self, requested: bool, faults: int) -> None:
-        """After a read: count down the requested (cold) batches, or notice that a plain one went to the disk."""
-        if self.prefetch_io == "auto":
-            if requested:
+    def _count_faults(self, ahead: bool, faults: int) -> None:
+        """After a read: count down the read-ahead (cold) batches, or notice that a plain one went to the disk."""
+        if self.read_ahead == "auto":
+            if ahead:
                 self._cold_batches -= 1  # at 0 the next batch is a plain probe
             elif resource.getrusage(_FAULTS_OF).ru_majflt - faults >= self.COLD_FAULTS:
                 self._cold_batches = self.PROBE_EVERY
-                self._read_ahead()
+                self._read_ahead_store()
 
     def gather(self, slots: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """``frames[slots]`` for a slot array of any shape: ``slots.shape + frame_shape`` (a recycled buffer,
@@ -475,34 +475,34 @@ class FrameReader:
             raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape {shape}, got"
                              f" {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
         index = np.ascontiguousarray(slots, np.int64).reshape(-1)
-        requested = self.prefetch_io is True or (self.prefetch_io == "auto" and self._cold_batches > 0)
-        if requested:
-            self.request(index)
+        ahead = self.read_ahead is True or (self.read_ahead == "auto" and self._cold_batches > 0)
+        if ahead:
+            self.read_ahead_slots(index)
         faults = resource.getrusage(_FAULTS_OF).ru_majflt
         flat = out.reshape((-1,) + frames.shape[1:])
         if self._native is not None and self._ring is not None:
-            self._read(1, index, None, flat, index.size, requested)
+            self._read(1, index, None, flat, index.size, ahead)
         elif self._ring is not None and self._ring.compressed:
             flat[:] = self._reference(index)
         else:
             np.take(frames, index, axis=0, out=flat, mode="clip")
-        self._count_faults(requested, faults)
+        self._count_faults(ahead, faults)
         return out
 
-    def _read_ahead(self) -> None:
+    def _read_ahead_store(self) -> None:
         """Once per reader, when reads turn out cold in a store with compressed chunks: have the kernel
         read every compressed frame file and small column file into the page cache, in the background,
         if together they fit in half the memory this process can use (``memory_budget``: its cgroup's
         limit counts). Compression is what lets a whole store fit in memory; one sequential read of it
-        then beats faulting it in a few pages per batch (the per-batch requests go on meanwhile)."""
+        then beats faulting it in a few pages per batch (the per-batch read-ahead goes on meanwhile)."""
         ring = self._ring
-        if self._read_ahead_started or ring is None or not ring.compressed:
+        if self._store_read_ahead_started or ring is None or not ring.compressed:
             return
-        self._read_ahead_started = True
-        starts, ends = ring.readahead_spans()
+        self._store_read_ahead_started = True
+        starts, ends = ring.read_ahead_spans()
         if int((ends - starts).sum()) > memory_budget() // 2:
             return
-        threading.Thread(target=_advise, args=(starts, ends), daemon=True, name="mmreplay-readahead").start()
+        threading.Thread(target=_advise, args=(starts, ends), daemon=True, name="mmreplay-read-ahead").start()
 
     def _kernel_args(self) -> tuple[Any, ...]:
         """The ring's arrays and numbers every frame kernel takes (kept until the ring is re-laid out:
@@ -564,7 +564,7 @@ class FrameReader:
         return CorruptStoreError(f"{ring.frames_file(slot)}: frame {row} is damaged ({ERRORS.get(err, err)});"
                                  " `mmreplay verify` lists every damaged file")
 
-    def request(self, slots: np.ndarray) -> None:
+    def read_ahead_slots(self, slots: np.ndarray) -> None:
         """Start reading the frames at ``slots`` into the page cache, all at once, in file order.
 
         Adjacent frames (a row's stack and n-step window) are coalesced into one range. Cheap when
@@ -577,7 +577,7 @@ class FrameReader:
         ring = self._ring
         if ring is not None and ring.compressed:
             kind = ring.frame_kind[run // ring.rows_alloc]
-            self._request_compressed(run[kind == KIND_LZ4])
+            self._read_ahead_compressed(run[kind == KIND_LZ4])
             run = run[kind == KIND_RAW]
             if run.size == 0:
                 return
@@ -588,8 +588,8 @@ class FrameReader:
         base = self.frames.ctypes.data
         self._advisor.willneed(base + first * row, base + (last + 1) * row)
 
-    def _request_compressed(self, slots: np.ndarray) -> None:
-        """``request`` for frames in compressed files: their records first, then their entries."""
+    def _read_ahead_compressed(self, slots: np.ndarray) -> None:
+        """``read_ahead_slots`` for frames in compressed files: their records first, then their entries."""
         ring = self._ring
         if ring is None or slots.size == 0:
             return

@@ -1,10 +1,10 @@
 """The row arithmetic of a batch of sequences: which slots its L steps and L + 1 stacked states come from.
 
 Pure functions of the index's arrays (passed in, never kept), like ``plan``. A
-sequence of length L starts at a sampleable transition (row ``rho0`` of stream
-``s``, see ``layout``) and takes the transitions at rows ``rho0 .. rho0+L-1`` of
+sequence of length L starts at a sampleable transition (row ``stream_row0`` of stream
+``s``, see ``layout``) and takes the transitions at rows ``stream_row0 .. stream_row0+L-1`` of
 the same stream while they are written and belong to the start's episode. Its
-states are the stacks ending at frame rows ``rho0-1 .. rho0+L-1``: state ``j``
+states are the stacks ending at frame rows ``stream_row0-1 .. stream_row0+L-1``: state ``j``
 is the state before step ``j``, state ``m`` (``m`` steps unmasked) the state
 after the last step.
 
@@ -48,16 +48,16 @@ class SequencePlan:
 
 def _step_rows(geo: Geometry, slots: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """Stream (B,) and rows (B, length) of the steps of sequences starting at transition slots ``slots``."""
-    s, rho0 = geo.rows_of(slots)
-    return s, rho0[:, None] + np.arange(length, dtype=np.int64)
+    s, stream_row0 = geo.rows_of(slots)
+    return s, stream_row0[:, None] + np.arange(length, dtype=np.int64)
 
 
-def sequence_plan(math: RowMath, flags: np.ndarray, epos: np.ndarray, slot_id: np.ndarray, geo: Geometry,
+def sequence_plan(math: RowMath, flags: np.ndarray, episode_pos: np.ndarray, slot_id: np.ndarray, geo: Geometry,
                   slots: np.ndarray, length: int, head: np.ndarray) -> SequencePlan:
     """Everything needed to build sequences of ``length`` steps starting at *valid* transition slots ``slots``.
 
-    ``flags``/``epos``/``slot_id`` are the index's per-slot arrays; ``head`` the rows each stream had
-    written when the sequences were drawn (at most its rows now). Step ``j`` exists when row ``rho0 + j``
+    ``flags``/``episode_pos``/``slot_id`` are the index's per-slot arrays; ``head`` the rows each stream had
+    written when the sequences were drawn (at most its rows now). Step ``j`` exists when row ``stream_row0 + j``
     is below its stream's head and no step before it ended the episode; a START row always follows an episode's
     end, so a sequence never runs into the next episode, nor (rows are per stream) into another stream.
     """
@@ -76,15 +76,15 @@ def sequence_plan(math: RowMath, flags: np.ndarray, epos: np.ndarray, slot_id: n
     m = mask.sum(axis=1)
     terminated = mask & ((fl & TERMINATED) != 0)
     truncated = mask & ended & ~terminated
-    is_first = mask & (epos[step_slots] == 1) & ((fl & LOST) == 0)
+    is_first = mask & (episode_pos[step_slots] == 1) & ((fl & LOST) == 0)
     ids = np.where(mask, slot_id[step_slots], -1)
-    # States: state j is the stack ending at frame row rho0 - 1 + j (j <= m); later ones are zeros.
+    # States: state j is the stack ending at frame row stream_row0 - 1 + j (j <= m); later ones are zeros.
     j = np.arange(length + 1, dtype=np.int64)
     jj = np.minimum(j[None, :], m[:, None])  # (B, L+1): real rows only
-    rho0 = rows[:, 0]
-    last = rho0[:, None] - 1 + jj
-    epos_last = epos[slots].astype(np.int64)[:, None] - 1 + jj
-    obs_slots, obs_pad = math.stack_slots(geo, np.broadcast_to(s[:, None], last.shape), last, epos_last)
+    stream_row0 = rows[:, 0]
+    last = stream_row0[:, None] - 1 + jj
+    episode_pos_last = episode_pos[slots].astype(np.int64)[:, None] - 1 + jj
+    obs_slots, obs_pad = math.stack_slots(geo, np.broadcast_to(s[:, None], last.shape), last, episode_pos_last)
     obs_zero = j[None, :] > m[:, None]
     final = step_slots[np.arange(slots.size), m - 1]  # the frame after the last step
     missing = (flags[final] & MISSING) != 0
@@ -94,7 +94,7 @@ def sequence_plan(math: RowMath, flags: np.ndarray, epos: np.ndarray, slot_id: n
                         m, head)
 
 
-def sequence_fits(epos: np.ndarray, geo: Geometry, slots: np.ndarray, length: int,
+def sequence_fits(episode_pos: np.ndarray, geo: Geometry, slots: np.ndarray, length: int,
                   head: np.ndarray) -> np.ndarray:
     """Whether each transition slot in ``slots`` starts ``length`` steps of its episode (bool, ``slots``' shape).
 
@@ -104,10 +104,10 @@ def sequence_fits(epos: np.ndarray, geo: Geometry, slots: np.ndarray, length: in
     rows, a START was written before the later one, so comparing the two rows' positions decides it in
     O(1) per start.
     """
-    s, rho0 = geo.rows_of(slots)
+    s, stream_row0 = geo.rows_of(slots)
     hs = np.asarray(head, np.int64)[s]
-    last = rho0 + (length - 1)
+    last = stream_row0 + (length - 1)
     ok = last < hs
     last_slots = geo.slots(s, np.minimum(last, hs - 1))
-    ok &= epos[last_slots].astype(np.int64) == epos[slots].astype(np.int64) + (length - 1)
+    ok &= episode_pos[last_slots].astype(np.int64) == episode_pos[slots].astype(np.int64) + (length - 1)
     return ok

@@ -22,10 +22,10 @@ import numpy as np
 
 from . import _inputs
 from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
-from .drawing import Drawer
+from .drawing import DrawState
 from .durability import (
+    CommittedParts,
     Durability,
-    Parts,
     create_store,
     json_dict,
     load_snapshot,
@@ -42,7 +42,7 @@ from .log import ChunkLog
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
 from .plan import Plan
-from .prefetch import BatchIterator, Draw
+from .prefetch import BatchIterator, DrawnBatch
 from .ratelimit import RateLimiter, StoreLimit, store_limiter
 from .reader import FrameReader, PostedStacks
 from .sampling import Priorities, make_sampler
@@ -74,21 +74,21 @@ def _serialized(method: _F) -> _F:
 
 class _RingEvents:
     """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
-    limit's calls to ``ReplayStore._sync``; holds the store weakly, so that it can be dropped unclosed."""
+    limit's calls to ``ReplayStore._settle``; holds the store weakly, so that it can be dropped unclosed."""
 
     def __init__(self, store: ReplayStore) -> None:
         self._store = weakref.ref(store)
 
-    def sync(self) -> None:
+    def settle(self) -> None:
         store = self._store()
         if store is not None:
             with store._lock:  # (the rate limit calls it from inside a locked call, or from batches()' hand-out)
-                store._sync()
+                store._settle()
 
     def before_unmap(self) -> None:
         store = self._store()
         if store is not None:
-            store._drawer.drain()
+            store._draw_state.drain()
             store._reader.settle()  # (a read posted by an iterator that was dropped unclosed)
 
     def slots_cleared(self, slots: np.ndarray) -> None:
@@ -103,22 +103,22 @@ class _RingEvents:
             store._reader.ring_resized(store._ring.arrays["obs"])
 
 
-class _Held:
+class _Resources:
     """What an open store holds outside Python's memory (mappings, threads, the lock): released by
     ``close()``, or when the store is dropped without it (then nothing is committed, as after a crash)."""
 
     def __init__(self) -> None:
         self.log: ChunkLog | None = None
         self.reader: FrameReader | None = None
-        self.drawer: Drawer | None = None
+        self.draw_state: DrawState | None = None
         self.limiter: RateLimiter | None = None
         self.lock_fd: int | None = None
         self.failed = False  # a disk error already turned the store read-only
 
     def release(self) -> None:
         try:
-            if self.drawer is not None:
-                self.drawer.close()
+            if self.draw_state is not None:
+                self.draw_state.close()
             if self.reader is not None:
                 self.reader.close()
             if self.log is not None:
@@ -128,7 +128,7 @@ class _Held:
         finally:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
-            self.log = self.reader = self.drawer = self.limiter = None
+            self.log = self.reader = self.draw_state = self.limiter = None
             self.lock_fd = None
 
 
@@ -151,7 +151,7 @@ class ReplayStore:
                  read_ahead: bool | str = "auto") -> None:
         # Held by every public call that reads or changes the ring, the index or the draw state (``_serialized``):
         # a call in one thread never sees a chunk another thread is retiring and unmapping. Re-entrant: the
-        # rate limit's sync and the parts' callbacks come back into the store from inside a call.
+        # rate limit's settle and the parts' callbacks come back into the store from inside a call.
         self._lock = threading.RLock()
         self._path = path
         self._schema = schema
@@ -165,17 +165,17 @@ class ReplayStore:
         self._read_ahead = read_ahead
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
-        self._drawer = Drawer(manifest, seed)
-        self._held = _Held()
-        self._held.drawer, self._held.lock_fd = self._drawer, lock_fd
-        self._release = weakref.finalize(self, self._held.release)
+        self._draw_state = DrawState(manifest, seed)
+        self._resources = _Resources()
+        self._resources.draw_state, self._resources.lock_fd = self._draw_state, lock_fd
+        self._release = weakref.finalize(self, self._resources.release)
         self._writer: EpisodeWriter | None = None
         try:
-            self._limiter = self._held.limiter = store_limiter(path, schema, manifest, mode == "r+")
-            self._limit = StoreLimit(self._limiter, self._events.sync)
+            self._limiter = self._resources.limiter = store_limiter(path, schema, manifest, mode == "r+")
+            self._limit = StoreLimit(self._limiter, self._events.settle)
             self._attach(manifest)
         except BaseException:
-            self._held.lock_fd = None  # open() closes it
+            self._resources.lock_fd = None  # open() closes it
             self._release()
             raise
         if self._limiter is not None and mode == "r+":
@@ -198,14 +198,14 @@ class ReplayStore:
         except BaseException:
             log.close()
             raise
-        self._parts = Parts(log, sampler, self._drawer, self._limiter)
+        self._parts = CommittedParts(log, log.index, sampler, self._draw_state, self._limiter)
         # the log's index and ring, which the calls below read (both live as long as the log)
         self._index, self._ring = log.index, log.ring
         self._durable.adopt(manifest)
         self.metadata: dict[str, Any] = dict(manifest.get("metadata") or {})
         """Free-form JSON-serializable information about the store (e.g. its source); saved by ``commit()``."""
         self._reader = FrameReader(log.ring.arrays["obs"], self._read_threads, self._read_ahead, ring=log.ring)
-        self._held.log, self._held.reader = log, self._reader
+        self._resources.log, self._resources.reader = log, self._reader
         if self._mode == "r+":
             self._writer = EpisodeWriter(schema, log, self._inputs)
 
@@ -347,7 +347,7 @@ class ReplayStore:
     def __len__(self) -> int:
         """Number of transitions that can be sampled now."""
         self._check_open()
-        self._sync()
+        self._settle()
         return self._index.n_valid
 
     def __repr__(self) -> str:
@@ -370,7 +370,7 @@ class ReplayStore:
         (their masses in the tree).
         """
         self._check_open()
-        self._sync()
+        self._settle()
         return self._parts.counters(self._path, ids, settle=self._writer is not None and self._durable.failed is None)
 
     # -- writing ---------------------------------------------------------------------------------------
@@ -465,7 +465,7 @@ class ReplayStore:
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
         d = self._limit.sample(b, lambda: self._draw(b, bool(replace), beta))
-        assert d.slots is not None  # (Drawer.draw always finds them)
+        assert d.slots is not None  # (DrawState.draw always finds them)
         return self._assemble(d.slots, d.ids, d.weight)
 
     @_serialized
@@ -496,7 +496,7 @@ class ReplayStore:
             assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
-        return self._drawer.iterator(lambda: self._draw(b, True, beta, plan=True), assemble,
+        return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan_now=True), assemble,
                                      self._index, (b, 0, False), p, self._limit.on_hand_out,
                                      None if distinct else self._post_draw, guard=self._lock)
 
@@ -510,7 +510,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._sync()
+        self._settle()
         prio = self._parts.sampler.prioritized
         if self._index.n_valid == 0 or (prio is not None and not prio.total_mass() > 0):
             return False  # sample() would raise NotSampleableError
@@ -536,7 +536,7 @@ class ReplayStore:
         """
         self._check_writable()
         ids = _inputs.ids_array(ids, "ids")
-        self._sync()
+        self._settle()
         n, dropped = self._index.invalidate(ids)
         self._after_validity_change(dropped)
         return n
@@ -550,14 +550,14 @@ class ReplayStore:
         stacks still read the frames before). A rate limit's counts start again from zero.
         """
         self._check_writable()
-        self._sync()
+        self._settle()
         self._after_validity_change(self._index.clear())
         if self._limiter is not None:
             self._limiter.reset(self._index.n_valid)
 
     def _after_validity_change(self, dropped: np.ndarray) -> None:
         self._parts.sampler.slots_cleared(dropped)
-        self._drawer.discard_pending()  # drawn rows may have just been invalidated
+        self._draw_state.discard_pending()  # drawn rows may have just been invalidated
         if self._limiter is not None:
             self._limiter.publish_size(self._index.n_valid)
 
@@ -568,7 +568,7 @@ class ReplayStore:
         from .tables import transition_columns
 
         self._check_open()
-        self._sync()
+        self._settle()
         prio = self._parts.sampler.prioritized
         return transition_columns(self._index, self._ring.arrays, self._schema, self.episodes(),
                                   None if prio is None else prio.priorities)
@@ -589,23 +589,23 @@ class ReplayStore:
 
         return pandas_frame(self._table_columns())
 
-    def _draw(self, b: int, replace: bool, beta: float | None, plan: bool = False) -> Draw:
-        self._sync()
-        return self._drawer.draw(self._parts.sampler, self._index, b, replace, beta, plan)
+    def _draw(self, b: int, replace: bool, beta: float | None, plan_now: bool = False) -> DrawnBatch:
+        self._settle()
+        return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan_now)
 
     @fault_checked
-    def _assemble_draw(self, d: Draw, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
+    def _assemble_draw(self, d: DrawnBatch, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
         read by the reader's helper, ``then`` run once they are). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
         stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
         if not isinstance(d.plan, Plan):
-            raise RuntimeError("a prefetched draw has no plan")  # Drawer.draw(plan=True) always makes one
+            raise RuntimeError("a prefetched draw has no plan")  # DrawState.draw(plan_now=True) always makes one
         return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
                         self._reader, d.weight, posted, then)
 
     @fault_checked
-    def _assemble_frame_draw(self, d: Draw, posted: None = None, then: None = None,
+    def _assemble_frame_draw(self, d: DrawnBatch, posted: None = None, then: None = None,
                              frame_buffer: FrameBuffer | None = None) -> FrameBatch:
         """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
         if not isinstance(d.plan, Plan):
@@ -613,7 +613,7 @@ class ReplayStore:
         return assemble_frames(d.plan, self._ring.arrays, d.ids.copy(), self._discounts,
                                self._extra_names, self._reader, d.weight, frame_buffer)
 
-    def _post_draw(self, d: Draw) -> PostedStacks | None:
+    def _post_draw(self, d: DrawnBatch) -> PostedStacks | None:
         """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see
         ``FrameReader.post_stacks``)."""
         if not isinstance(d.plan, Plan):
@@ -659,12 +659,12 @@ class ReplayStore:
             assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
-        return self._drawer.iterator(lambda: self._draw_sequences(b, n, strict, beta),
+        return self._draw_state.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      assemble, self._index, (b, n, strict),
                                      p, self._limit.on_hand_out, guard=self._lock)
 
     @fault_checked
-    def _assemble_sequence_frame_draw(self, d: Draw, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
+    def _assemble_sequence_frame_draw(self, d: DrawnBatch, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")
@@ -683,18 +683,18 @@ class ReplayStore:
         ids = _inputs.ids_array(index).copy()
         n = _inputs.length_arg(length)
         _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
-        self._sync()
+        self._settle()
         idx = self._index
         idx.check_ids(ids)
         plan = idx.sequence_plan(idx.slots_of(ids), n)
         return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
-    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> Draw:
-        self._sync()
-        return self._drawer.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
+    def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> DrawnBatch:
+        self._settle()
+        return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @fault_checked
-    def _assemble_sequence_draw(self, d: Draw) -> SequenceBatch:
+    def _assemble_sequence_draw(self, d: DrawnBatch) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
@@ -704,7 +704,7 @@ class ReplayStore:
     def sampleable_ids(self) -> np.ndarray:
         """The ids of every transition that can be sampled now (sorted int64)."""
         self._check_open()
-        self._sync()
+        self._settle()
         return self._index.valid_ids()
 
     @_serialized
@@ -715,7 +715,7 @@ class ReplayStore:
         """
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
-        self._sync()
+        self._settle()
         idx = self._index
         idx.check_ids(ids)
         return self._assemble(idx.slots_of(ids), ids)
@@ -730,7 +730,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size)
-        self._sync()
+        self._settle()
         ids = self._index.valid_ids()
         if shuffle:
             np.random.default_rng(seed).shuffle(ids)
@@ -743,7 +743,7 @@ class ReplayStore:
                 return
             with self._lock:  # each batch is a call of its own (not held while the caller has it)
                 self._check_open()
-                self._sync()
+                self._settle()
                 idx = self._index
                 part = part[idx.ids_valid(part)]
                 batch = self._assemble(idx.slots_of(part), part) if part.size else None
@@ -799,7 +799,7 @@ class ReplayStore:
         self._check_writable()
         prio = self._require_prio("update_priorities")
         ids = _inputs.ids_array(index)
-        self._sync()  # transitions whose window closed before this update enter with the old maximum
+        self._settle()  # transitions whose window closed before this update enter with the old maximum
         return prio.update(ids, priorities)
 
     @_serialized
@@ -808,7 +808,7 @@ class ReplayStore:
         self._check_open()
         prio = self._require_prio("priorities")
         ids = _inputs.ids_array(index)
-        self._sync()
+        self._settle()
         self._index.check_ids(ids)
         return prio.priorities(ids)
 
@@ -828,7 +828,7 @@ class ReplayStore:
         (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
         self._check_open()
         prio = self._require_prio("priority_mass")
-        self._sync()
+        self._settle()
         return prio.total_mass(), prio.min_mass()
 
     @property
@@ -867,7 +867,7 @@ class ReplayStore:
         (as of the last batch handed out) and ``metadata``.
         """
         self._check_writable()
-        self._sync()  # the state written includes every transition whose window has closed
+        self._settle()  # the state written includes every transition whose window has closed
         self._durable.commit(self._parts, json_dict(self.metadata))
 
     @_serialized
@@ -886,7 +886,7 @@ class ReplayStore:
         if isinstance(self._durable.failed, ReadOnlyStoreError):  # a forked child's inherited writer
             raise self._durable.failed
         keep = _inputs.keep_arg(keep)
-        self._sync()
+        self._settle()
         return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
 
     @classmethod
@@ -928,7 +928,7 @@ class ReplayStore:
         if int(read_manifest(self._path).get("generation", 0)) == self._durable.generation:
             return False
         old_log, old_reader = self._parts.log, self._reader
-        self._drawer.end_iterators()
+        self._draw_state.end_iterators()
 
         def attach(manifest: dict[str, Any]) -> bool:
             if int(manifest.get("generation", 0)) == self._durable.generation:
@@ -956,7 +956,7 @@ class ReplayStore:
                 self.commit()
         finally:
             self._closed = True
-            self._held.failed = self._durable.failed is not None
+            self._resources.failed = self._durable.failed is not None
             self._release()
 
     def __enter__(self) -> ReplayStore:
@@ -968,38 +968,38 @@ class ReplayStore:
     # -- internals -------------------------------------------------------------------------------------
     def _forked(self, consistent: bool) -> None:
         """In a forked child (``os.register_at_fork``): the parent's threads are gone, so what they own is
-        dropped, never joined or waited for: the prefetch pool and iterators' copies (``Drawer.forked``), the
+        dropped, never joined or waited for: the prefetch pool and iterators' copies (``DrawState.forked``), the
         reader's pool and helper (``FrameReader.forked``), the sealer and its seals in flight
         (``ChunkLog.forked``). Sampling goes on through the inherited mappings. A store opened for writing
         turns read-only: the parent goes on writing, and the child's ``close()`` and exit commit nothing; its
         copy of the lock descriptor is closed (the parent keeps the lock). ``consistent``: the forking thread
         held the store's lock (no call of another thread was half-way); otherwise the child cannot use it."""
         self._lock = threading.RLock()  # (a parent's thread may have held the old one)
-        self._drawer.forked(self._lock)
+        self._draw_state.forked(self._lock)
         self._reader.forked()
         self._parts.log.forked()
         if self._mode == "r+":
-            if self._held.lock_fd is not None:
+            if self._resources.lock_fd is not None:
                 try:
-                    os.close(self._held.lock_fd)
+                    os.close(self._resources.lock_fd)
                 except OSError:
                     pass
-                self._held.lock_fd = None
+                self._resources.lock_fd = None
             self._durable.failed = ReadOnlyStoreError(
                 f"the store {self._path} was opened for writing in the parent process, which goes on writing it:"
                 " this forked child may sample from it but not write, commit or save; open the store in the"
                 " child with ReplayStore.open(path, mode='r') to follow the parent's commits")
         if not consistent:
-            self._drawer.end_iterators()  # (as close() ends them; nothing of theirs is running here)
+            self._draw_state.end_iterators()  # (as close() ends them; nothing of theirs is running here)
             self._closed = True
             self._closed_why = (
                 f"the store {self._path} was in use by another thread of the parent process when it forked (for"
                 f" more than {FORK_WAIT:g} s), so this child's copy of it may be half-changed and cannot be used;"
                 " open the store again in the child with ReplayStore.open(path, mode='r')")
 
-    def _sync(self) -> None:
+    def _settle(self) -> None:
         """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._index.sync()
+        new = self._index.settle()
         if new.size:
             self._parts.sampler.added(new)
         if self._limiter is not None and self._limiter.writer:

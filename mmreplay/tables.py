@@ -48,7 +48,7 @@ def transition_columns(index: Index, arrays: dict[str, np.ndarray], schema: Sche
     episode = np.searchsorted(table.stream * span + table.first_row, stream * span + row, side="right") - 1
     terminated = (flags & TERMINATED) != 0
     cols: dict[str, np.ndarray] = {
-        "id": t["id"], "episode": episode.astype(np.int64), "step": t["epos"] - 1, "env": stream.astype(np.int64),
+        "id": t["id"], "episode": episode.astype(np.int64), "step": t["episode_pos"] - 1, "env": stream.astype(np.int64),
         "action": arrays["action"][slots], "reward": arrays["reward"][slots],
         "terminated": terminated, "truncated": ((flags & END) != 0) & ~terminated, "sampleable": t["valid"],
     }

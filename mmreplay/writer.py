@@ -53,14 +53,14 @@ class EpisodeWriter:
         self._arrays = log.ring.arrays
         n = schema.num_envs
         self._ep_open = np.zeros(n, np.bool_)  # per stream: an episode is open
-        self._epos = np.zeros(n, np.int32)  # per stream: episode position of the last row
+        self._episode_pos = np.zeros(n, np.int32)  # per stream: episode position of the last row
         self._lost = np.zeros(n, np.uint8)  # per stream: LOST bit of the open episode
         self._started = log.rows > 0  # per stream: it wrote a frame
         self._ids = schema.id_column  # chunks record each row's transition id
         if self._started.any():  # resume from the last committed frame of every stream
-            ended, epos, lost = log.index.stream_state()
+            ended, episode_pos, lost = log.index.stream_state()
             self._ep_open[:] = ~ended
-            self._epos[:] = epos
+            self._episode_pos[:] = episode_pos
             self._lost[:] = np.where(lost, LOST, 0)
 
     def stored_by_next_step(self) -> int:
@@ -105,7 +105,7 @@ class EpisodeWriter:
         log.index.note_frames(slots, flags, np.zeros(n, np.int32), np.full(n, -1, np.int64))
         log.finish_row(0)
         self._ep_open[:] = True
-        self._epos[:] = 0
+        self._episode_pos[:] = 0
         self._lost[:] = 0
         self._started[:] = True
 
@@ -130,7 +130,7 @@ class EpisodeWriter:
             log.index.mark_head_lost(slot)
         log.finish_run(s, 1, 0)
         self._ep_open[s] = True
-        self._epos[s] = 0
+        self._episode_pos[s] = 0
         self._lost[s] = LOST if head_lost else 0
         self._started[s] = True
 
@@ -203,11 +203,11 @@ class EpisodeWriter:
         arrays["flags"][slot] = f
         for name, value in xs.items():
             arrays["x_" + name][slot] = value
-        epos = int(self._epos[0]) + 1
+        episode_pos = int(self._episode_pos[0]) + 1
         ends = f & (TERMINATED | TRUNCATED)
-        log.index.note_frame(slot, f | (END if ends else 0) | int(self._lost[0]), epos, log.next_id)
+        log.index.note_frame(slot, f | (END if ends else 0) | int(self._lost[0]), episode_pos, log.next_id)
         log.finish_row(1)
-        self._epos[0] = epos
+        self._episode_pos[0] = episode_pos
         if ends:
             self._ep_open[0] = False
 
@@ -235,12 +235,12 @@ class EpisodeWriter:
         tx = ~auto
         ids = np.where(tx, log.next_id + np.cumsum(tx) - 1, -1).astype(np.int64)
         self._write(slots, frames, act, rew, flags, xs, keep=tx, ids=ids)
-        epos = np.where(auto, 0, self._epos + 1).astype(np.int32)
+        episode_pos = np.where(auto, 0, self._episode_pos + 1).astype(np.int32)
         lost = np.where(auto, 0, self._lost).astype(np.uint8)
         ended = term | trunc
-        log.index.note_frames(slots, flags | np.where(ended, END, 0).astype(np.uint8) | lost, epos, ids)
+        log.index.note_frames(slots, flags | np.where(ended, END, 0).astype(np.uint8) | lost, episode_pos, ids)
         log.finish_row(int(tx.sum()))
-        self._epos[:] = epos
+        self._episode_pos[:] = episode_pos
         self._lost[:] = lost
         self._ep_open[:] = ~ended
 
@@ -309,18 +309,18 @@ class EpisodeWriter:
         ram = f | self._lost[s]
         if ends[-1]:
             ram[-1] |= END
-        epos = (int(self._epos[s]) + 1 + np.arange(n)).astype(np.int32)
+        episode_pos = (int(self._episode_pos[s]) + 1 + np.arange(n)).astype(np.int32)
         ids = first_id + np.arange(n, dtype=np.int64)
         done = 0
         while done < n:
             slot, room = self._prepare(lambda: log.prepare_run(s))
             stop = done + min(room, n - done)
             self._write_run(slot, blk, done, stop, f, ids)
-            log.index.note_frames(slot + np.arange(stop - done, dtype=np.int64), ram[done:stop], epos[done:stop],
+            log.index.note_frames(slot + np.arange(stop - done, dtype=np.int64), ram[done:stop], episode_pos[done:stop],
                                   ids[done:stop])
             log.finish_run(s, stop - done, stop - done)
             done = stop
-        self._epos[s] = epos[-1]
+        self._episode_pos[s] = episode_pos[-1]
         if ends[-1]:
             self._ep_open[s] = False
         return first_id

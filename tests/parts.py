@@ -14,7 +14,7 @@ class Feed:
 
     def __init__(self, stack: int = 2, n_step: int = 3, positions: int = 4, pad: str = "zeros") -> None:
         self.idx = Index(Geometry(1, RS, RS, positions), stack, n_step, pad, 0.5)
-        self.epos = 0
+        self.episode_pos = 0
         self.room = 0
         self.slot = 0
 
@@ -45,13 +45,13 @@ class Feed:
         slot = self._row()
         idx.note_frames(np.array([slot]), np.array([START], np.uint8), np.zeros(1, np.int32), np.array([-1]))
         self._advance(0)
-        self.epos = 0
+        self.episode_pos = 0
         return slot
 
     def step(self, flag: int = 0) -> int:
         idx = self.idx
         slot = self._row()
-        self.epos += 1
-        idx.note_frame(slot, flag | (END if flag else 0), self.epos, idx.next_id)
+        self.episode_pos += 1
+        idx.note_frame(slot, flag | (END if flag else 0), self.episode_pos, idx.next_id)
         self._advance(1)
         return slot

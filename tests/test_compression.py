@@ -388,10 +388,10 @@ def test_cold_reads_request_compressed_ranges_and_read_ahead(tmp_path, monkeypat
     monkeypatch.setattr(FrameReader, "COLD_FAULTS", 0)  # every batch looks cold
     with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw", mode="r") as r:
         for reader in (c._reader, r._reader):
-            assert reader.prefetch_io == "auto"
-        assert_same_rows(c, r)  # batches after the first go through request() of compressed ranges
-        assert c._reader._cold_batches > 0 and c._reader._read_ahead_started
-        c._reader.prefetch_io = True
+            assert reader.read_ahead == "auto"
+        assert_same_rows(c, r)  # batches after the first go through read_ahead_slots() of compressed ranges
+        assert c._reader._cold_batches > 0 and c._reader._store_read_ahead_started
+        c._reader.read_ahead = True
         assert_same_rows(c, r)
     assert memory_budget() > 0
 

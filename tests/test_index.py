@@ -16,20 +16,20 @@ def test_a_transition_becomes_valid_when_its_window_closes():
     for _ in range(4):
         f.step()
     idx = f.idx
-    new = idx.sync()  # ids 0, 1 have their 3 window rows; 2, 3 wait
+    new = idx.settle()  # ids 0, 1 have their 3 window rows; 2, 3 wait
     np.testing.assert_array_equal(np.sort(idx.ids_of(new)), [0, 1])
     assert idx.n_valid == 2
     f.step(TERMINATED)  # the episode ends: every window inside it is complete
-    np.testing.assert_array_equal(np.sort(idx.ids_of(idx.sync())), [2, 3, 4])
+    np.testing.assert_array_equal(np.sort(idx.ids_of(idx.settle())), [2, 3, 4])
     np.testing.assert_array_equal(idx.valid_ids(), [0, 1, 2, 3, 4])
-    assert idx.sync().size == 0  # nothing new was written
+    assert idx.settle().size == 0  # nothing new was written
 
 
 def test_ids_and_slots_round_trip_and_bad_ids_are_named():
     f = Feed()
     f.reset()
     slots = [f.step() for _ in range(5)] + [f.step(TRUNCATED)]
-    f.idx.sync()
+    f.idx.settle()
     ids = np.arange(6)
     np.testing.assert_array_equal(f.idx.slots_of(ids), slots)
     np.testing.assert_array_equal(f.idx.ids_of(np.array(slots)), ids)
@@ -47,7 +47,7 @@ def test_plan_stops_the_window_at_the_episode_end_and_pads_the_stack():
     f.reset()
     f.step()
     idx = f.idx
-    idx.sync()
+    idx.settle()
     plan = idx.plan(idx.slots_of(np.array([0, 1])))
     np.testing.assert_array_equal(plan.window, [2, 1])  # both windows stop at the termination
     np.testing.assert_array_equal(plan.terminated, [True, True])
@@ -63,7 +63,7 @@ def test_pad_first_repeats_the_first_frame():
     f.step()
     f.step(TERMINATED)
     idx = f.idx
-    idx.sync()
+    idx.settle()
     plan = idx.plan(idx.slots_of(np.array([0])))
     np.testing.assert_array_equal(plan.obs_slots[0], [s0, s0, s0])
     assert not plan.obs_pad.any()
@@ -75,7 +75,7 @@ def test_retiring_a_chunk_evicts_its_ids_and_cuts_stacks_that_reached_into_it():
     for _ in range(2 * RS - 1):
         f.step()
     idx = f.idx
-    idx.sync()
+    idx.settle()
     before = idx.n_valid
     cleared = idx.retire(0, oldest_id=RS - 1)  # chunk 0 holds rows 0..7 = START + ids 0..6
     assert idx.oldest_id == RS - 1 and idx.oldest_row.tolist() == [RS]
@@ -94,7 +94,7 @@ def test_resize_keeps_every_retained_slot_and_reports_the_moves():
     for _ in range(RS + 3):
         f.step()
     idx = f.idx
-    idx.sync()
+    idx.settle()
     ids = idx.valid_ids()
     moves = idx.resize(5)
     assert len(moves) == 2 and idx.size == 5 * RS

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mmreplay.batch import Batch
-from mmreplay.prefetch import BatchIterator, Draw
+from mmreplay.prefetch import BatchIterator, DrawnBatch
 
 
 def _batch(i: int) -> Batch:
@@ -31,12 +31,12 @@ class Recorder:
         self.gate = threading.Event()
         self.gate.set()
 
-    def draw(self) -> Draw:
-        d = Draw(np.array([self.drawn]), None, {}, self.drawn)
+    def draw(self) -> DrawnBatch:
+        d = DrawnBatch(np.array([self.drawn]), None, {}, self.drawn)
         self.drawn += 1
         return d
 
-    def assemble(self, d: Draw) -> Batch:
+    def assemble(self, d: DrawnBatch) -> Batch:
         i = int(d.ids[0])
         if threading.current_thread().name.startswith("prefetch"):
             self.gate.wait()  # a prefetch thread that is stuck (descheduled, slow disk) until the gate opens
@@ -135,7 +135,7 @@ def test_an_error_comes_with_its_batch_and_the_next_ones_still_come(executor):
 def test_resumed_draws_come_first(executor):
     rec = Recorder()
     rec.drawn = 100
-    pending = [Draw(np.array([7]), None, {}, 0), Draw(np.array([8]), None, {}, 1)]
+    pending = [DrawnBatch(np.array([7]), None, {}, 0), DrawnBatch(np.array([8]), None, {}, 1)]
     it = BatchIterator(rec.draw, rec.assemble, executor, 2, pending)
     assert [int(next(it).index[0]) for _ in range(4)] == [7, 8, 100, 101]
     assert [int(d.ids[0]) for d in it.pending()] == [102, 103]

@@ -17,7 +17,7 @@ def test_stacks_are_the_gather_of_the_slots(n_frames, b, k, threads, read_ahead,
     """Whatever the thread count, split size and read-ahead, ``stacks`` is ``frames[slots]``."""
     rng = np.random.default_rng(seed)
     frames = rng.integers(0, 255, (n_frames, 3, 5), dtype=np.uint8)
-    reader = FrameReader(frames, threads=threads, prefetch_io=read_ahead)
+    reader = FrameReader(frames, threads=threads, read_ahead=read_ahead)
     reader.MIN_SPLIT_BYTES = reader.MIN_SPLIT_RAW_BYTES = 1  # split even tiny batches between the threads
     obs_slots = rng.integers(0, n_frames, (b, k))
     next_slots = rng.integers(0, n_frames, (b, k))
@@ -42,5 +42,5 @@ def test_outputs_are_recycled_only_when_nobody_holds_them():
 
 
 def test_bad_read_ahead_is_refused():
-    with pytest.raises(ValueError, match="prefetch_io"):
-        FrameReader(np.zeros((2, 2), np.uint8), prefetch_io="sometimes")
+    with pytest.raises(ValueError, match="read_ahead"):
+        FrameReader(np.zeros((2, 2), np.uint8), read_ahead="sometimes")

@@ -18,7 +18,7 @@ def _feed(n_tx: int = 250) -> Feed:
     f.reset()
     for i in range(n_tx):
         f.step(TERMINATED if i == n_tx - 1 else 0)
-    f.idx.sync()
+    f.idx.settle()
     return f
 
 

@@ -27,7 +27,7 @@ def test_uniform_draws_only_sampleable_ids_and_refuses_what_it_cannot_do():
     rng = np.random.default_rng(0)
     with pytest.raises(NotSampleableError, match="no sampleable"):
         s.draw(rng, 4, True, None)  # nothing synced yet
-    f.idx.sync()
+    f.idx.settle()
     ids, w, slots = s.draw(rng, 5, True, None)
     assert w is None and set(ids.tolist()) == {0}
     np.testing.assert_array_equal(slots, f.idx.slots_of(ids))  # the slots the draw found on the way
@@ -39,7 +39,7 @@ def test_uniform_draws_only_sampleable_ids_and_refuses_what_it_cannot_do():
 
 def test_uniform_without_replacement_gives_distinct_ids():
     f = _feed()
-    f.idx.sync()
+    f.idx.settle()
     ids, _, slots = UniformSampler(f.idx).draw(np.random.default_rng(1), 12, False, None)
     assert sorted(ids.tolist()) == list(range(12))
     assert slots is None or (slots == f.idx.slots_of(ids)).all()
@@ -48,7 +48,7 @@ def test_uniform_without_replacement_gives_distinct_ids():
 def test_prioritized_draws_in_proportion_and_weights_by_the_smallest_mass():
     f = _feed(4)
     s = PrioritizedSampler(f.idx, Prioritized(alpha=1.0, beta=1.0, eps=0.0))
-    s.added(f.idx.sync())
+    s.added(f.idx.settle())
     assert s.update(np.array([0, 1, 2, 3]), np.array([1.0, 1.0, 2.0, 4.0])) == 0
     ids, w, slots = s.draw(np.random.default_rng(0), 8000, True, None)
     freq = np.bincount(ids, minlength=4) / ids.size
@@ -62,7 +62,7 @@ def test_prioritized_draws_in_proportion_and_weights_by_the_smallest_mass():
 def test_prioritized_update_rules():
     f = _feed(4)
     s = PrioritizedSampler(f.idx, Prioritized(alpha=0.5, beta=0.4, eps=1e-6))
-    s.added(f.idx.sync())
+    s.added(f.idx.settle())
     np.testing.assert_array_equal(s.priorities(np.arange(4)), 1.0)  # entered with the maximum
     s.update(np.array([1, 1, 2]), np.array([5.0, 3.0, -0.0]))  # the last of a repeated id wins; -0.0 is 0
     np.testing.assert_array_equal(s.priorities(np.array([1, 2])), [3.0, 0.0])
@@ -77,7 +77,7 @@ def test_prioritized_update_rules():
 def test_prioritized_state_round_trips_through_state_files(tmp_path):
     (tmp_path / "state").mkdir()
     f = _feed(6)
-    valid = f.idx.sync()
+    valid = f.idx.settle()
     a = PrioritizedSampler(f.idx, Prioritized())
     a.added(valid)
     a.update(np.arange(6), np.linspace(0.5, 3.0, 6))
@@ -100,7 +100,7 @@ def test_prioritized_state_round_trips_through_state_files(tmp_path):
 def test_cleared_and_moved_slots():
     f = _feed(6)
     s = PrioritizedSampler(f.idx, Prioritized())
-    s.added(f.idx.sync())
+    s.added(f.idx.settle())
     s.slots_cleared(f.idx.slots_of(np.array([0, 1])))
     assert s.positive_slots() == 4
     ids = np.arange(2, 6)
@@ -119,7 +119,7 @@ def test_prioritized_weights_of_the_one_pass_draw_equal_the_numpy_computation(se
     rng = np.random.default_rng(seed)
     f = _feed(300)
     s = PrioritizedSampler(f.idx, Prioritized(alpha=0.7, beta=0.5, eps=1e-6))
-    s.added(f.idx.sync())
+    s.added(f.idx.settle())
     p = rng.random(300) * 10.0 ** rng.integers(-4, 5, 300)
     p[rng.random(300) < 0.2] = 0.0
     p[:10] = 2.5  # ties

@@ -145,7 +145,7 @@ def test_the_index_keeps_the_fitting_starts_up_to_date(tmp_path_factory, cfg, da
     pair = make_pair(str(tmp_path_factory.mktemp("fits") / "s"), **cfg)
 
     def check() -> None:
-        pair.store.sampleable_ids()  # syncs the index, as a draw does
+        pair.store.sampleable_ids()  # settles the index, as a draw does
         index = pair.store._parts.log.index
         got = index.fitting_starts(length)
         assert got.size == np.unique(got).size and (got >= pair.model.oldest_id).all()

@@ -64,7 +64,7 @@ def drop_cache(path: str) -> float:
         return float("nan")
 
 
-def plan_batches(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list[tuple[str, int, int]]]]:
+def batch_runs(path: str, n_batches: int) -> tuple[list[np.ndarray], list[list[tuple[str, int, int]]]]:
     """Draw the batches once; for each, the ids and the coalesced (file, offset, length) runs of its frames."""
     ids_list, runs_list = [], []
     with mr.ReplayStore.open(path, mode="r", seed=123) as s:
@@ -114,9 +114,9 @@ def naive(path: str, ids_list: list[np.ndarray]) -> float:
     return rate
 
 
-def store_gather(path: str, ids_list: list[np.ndarray], prefetch_io: bool | str, threads: int | None) -> float:
+def store_gather(path: str, ids_list: list[np.ndarray], read_ahead: bool | str, threads: int | None) -> float:
     s = mr.ReplayStore.open(path, mode="r", read_threads=threads)
-    s._reader.prefetch_io = prefetch_io  # benchmark-only switch: False for the (a2) baseline
+    s._reader.read_ahead = read_ahead  # benchmark-only switch: False for the (a2) baseline
     t = time.perf_counter()
     for ids in ids_list:
         s.gather(ids)
@@ -176,7 +176,7 @@ def main() -> None:
                                   compression=None)
         fill(s, args.capacity + args.capacity // 10, frame_pool())
         s.close()
-        ids_list, runs_list = plan_batches(path, args.batches)
+        ids_list, runs_list = batch_runs(path, args.batches)
         methods = {
             "(a) naive np.load(mmap_mode='r') gather": lambda: naive(path, ids_list),
             "(a2) store gather without I/O requests, 1 thread": lambda: store_gather(path, ids_list, False, 1),

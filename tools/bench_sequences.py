@@ -109,7 +109,7 @@ def rare_strict(store: mr.ReplayStore, length: int, pool: np.ndarray, calls: int
     share = float(idx.sequence_fits(idx.slots_of(ids), length).mean())
 
     def draw() -> float:
-        store.sampleable_ids()  # syncs the index, as a draw does
+        store.sampleable_ids()  # settles the index, as a draw does
         t = time.perf_counter()
         sampler.draw_where(rng, B, lambda slots: idx.sequence_fits(slots, length), None,
                            lambda: idx.fitting_starts(length))

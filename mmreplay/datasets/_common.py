@@ -4,7 +4,7 @@
   and renamed into place only when complete (``atomic_output``), so a failed or
   interrupted export leaves nothing that looks finished.
 - An export reads a store as of its last commit through a fresh read-only
-  view (``open_reader``) and writes its complete episodes (``plan_export``),
+  view (``open_reader``) and writes its complete episodes (``select_for_export``),
   a piece of at most ``PIECE`` frames or steps at a time.
 (The import side is in ``_importing``.)
 """
@@ -118,7 +118,7 @@ def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator
 
 
 @dataclass(frozen=True)
-class ExportPlan:
+class ExportSelection:
     """The episodes an export writes: complete, with at least one step, in write (first id) order."""
 
     table: EpisodeTable
@@ -146,13 +146,13 @@ class ExportPlan:
                             self.skipped_running, self.skipped_empty, size, seconds, extra or {})
 
 
-def plan_export(store: ReplayStore) -> ExportPlan:
+def select_for_export(store: ReplayStore) -> ExportSelection:
     t = store.episodes()
     started = t.start_retained & ~t.head_lost
     keep = t.complete & (t.length > 0)
     order = np.flatnonzero(keep)
     order = order[np.argsort(t.first_id[order], kind="stable")]
-    return ExportPlan(t, order, int((~started).sum()), int((started & ~t.ended).sum()),
+    return ExportSelection(t, order, int((~started).sum()), int((started & ~t.ended).sum()),
                       int((t.complete & (t.length == 0)).sum()))
 
 

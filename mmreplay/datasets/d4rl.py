@@ -33,9 +33,9 @@ from ._common import (
     layout_attrs,
     open_reader,
     output,
-    plan_export,
     progress_bar,
     require_path,
+    select_for_export,
     step_pieces,
     summary_lines,
 )
@@ -63,9 +63,9 @@ def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: Any, *,
     t0 = time.perf_counter()
     final = Location.of(out, storage_options)
     with open_reader(store) as s, output(final, overwrite, "export", progress) as tmp:
-        plan = plan_export(s)
-        t, order, sch = plan.table, plan.order, s.schema
-        n = plan.steps
+        selection = select_for_export(s)
+        t, order, sch = selection.table, selection.order, s.schema
+        n = selection.steps
         with h5py.File(tmp, "w", libver="earliest") as f, pool() as ex:
             def column(name: str, shape: tuple[int, ...], dtype: Any, rows: int) -> H5Column:
                 ds = f.create_dataset(name, shape=(n, *shape), dtype=dtype,
@@ -80,7 +80,7 @@ def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: Any, *,
                     "timeouts": column("timeouts", (), np.bool_, 65536)}
             xcols = {e.name: column(f"infos/{e.name}", e.shape, e.dtype, 65536) for e in sch.extras}
             missing = []
-            with progress_bar(progress, plan.frames, "export hdf5") as bar:
+            with progress_bar(progress, selection.frames, "export hdf5") as bar:
                 for k, i in enumerate(order.tolist()):
                     if t.final_missing[i]:
                         missing.append(k)
@@ -105,7 +105,7 @@ def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: Any, *,
             f.attrs.update({"format": "d4rl", "stack": sch.stack, "pad": sch.pad, "n_step": sch.n_step,
                             "gamma": sch.gamma, "mmreplay": json.dumps(layout),
                             "final_missing_episodes": np.asarray(missing, np.int64)})
-    return plan.result(final, "hdf5", time.perf_counter() - t0, {"next_observations": bool(next_observations)})
+    return selection.result(final, "hdf5", time.perf_counter() - t0, {"next_observations": bool(next_observations)})
 
 
 # -- reading ------------------------------------------------------------------------------------------

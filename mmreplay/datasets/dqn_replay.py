@@ -156,26 +156,26 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
     loc = Location.of(src, storage_options)
     ckpts = scan(loc, suffixes)
     # which add indices each checkpoint contributes, and whether it continues the previous one
-    plan: list[tuple[Checkpoint, int, bool]] = []
+    segments: list[tuple[Checkpoint, int, bool]] = []
     cur: int | None = None
     for c in ckpts:
         if c.hi == 0 or (cur is not None and c.hi <= cur):
             continue  # empty, or entirely rows already taken
         if cur is not None and c.lo <= cur:
-            plan.append((c, cur, True))
+            segments.append((c, cur, True))
         else:
-            plan.append((c, c.lo + (1 if c.wrapped else 0), False))  # the cursor slot is stale
+            segments.append((c, c.lo + (1 if c.wrapped else 0), False))  # the cursor slot is stale
         cur = c.hi
-    if not plan:
+    if not segments:
         raise DatasetError(f"{os.fspath(src)}: the checkpoints hold no rows (add_count 0)")
-    total = sum(c.hi - start for c, start, _ in plan)
-    first = plan[0][0]
+    total = sum(c.hi - start for c, start, _ in segments)
+    first = segments[0][0]
     first.load()
     recorded = {"stack": first.stack_size, "n_step": first.update_horizon, "pad": "zeros"}
     extras = {k: (tuple(first.columns[k].shape[1:]), first.columns[k].dtype) for k in first.extras}
     meta: dict[str, Any] = {"source": {
         "format": "dqn-replay", "path": str(loc) if loc.remote else os.path.abspath(loc.path),
-        "suffixes": [c.suffix for c, _, _ in plan], "stack_size": first.stack_size,
+        "suffixes": [c.suffix for c, _, _ in segments], "stack_size": first.stack_size,
         "update_horizon": first.update_horizon,
         "terminal_marks_time_limit": not first.has_end_indices,
         "rewards_note": "Dopamine's Atari runner clips rewards to [-1, 1] before adding them; the rewards are"
@@ -194,7 +194,7 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
         ahead: dict[int, RowBlocks] = {}
         with contextlib.ExitStack() as cleanup, progress_bar(progress, total, "import dqn-replay") as bar:
             cleanup.callback(_close_all, ahead)
-            for k, (c, start, continues) in enumerate(plan):
+            for k, (c, start, continues) in enumerate(segments):
                 if not c.columns:
                     c.load()
                 cols = c.columns
@@ -214,8 +214,8 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
                 xs = {name: cols[name][slots] for name in c.extras}
                 done = 0
                 obs_path = c.path(PREFIX + "observation")
-                if k + 1 < len(plan):
-                    _read_ahead(k + 1, plan[k + 1], ahead)
+                if k + 1 < len(segments):
+                    _read_ahead(k + 1, segments[k + 1], ahead)
                 for r, (lo, hi) in enumerate(_slot_runs(start, c.hi, c.slots)):
                     with _frames_of(obs_path, lo, hi, ahead.pop(k) if r == 0 and k in ahead else None,
                                     _block(c)) as blocks:

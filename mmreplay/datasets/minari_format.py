@@ -39,9 +39,9 @@ from ._common import (
     layout_attrs,
     open_reader,
     output,
-    plan_export,
     progress_bar,
     require_path,
+    select_for_export,
     step_pieces,
     summary_lines,
 )
@@ -129,8 +129,8 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
     final = root.join(dataset_id) if root.remote else Location(os.path.join(os.path.abspath(root.path), dataset_id))
     t0 = time.perf_counter()
     with open_reader(store) as s, output(final, overwrite, "export", progress, ("data/metadata.json",)) as tmp:
-        plan = plan_export(s)
-        t, order, sch = plan.table, plan.order, s.schema
+        selection = select_for_export(s)
+        t, order, sch = selection.table, selection.order, s.schema
         os.makedirs(os.path.join(tmp, "data"))
         obs_space = box_space(sch.obs_shape, sch.obs_dtype)
         lo, hi = np.inf, -np.inf
@@ -140,7 +140,7 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
                                       chunks=(max(1, min(chunk, rows)), *shape), **comp)
                 return H5Column(ds, ex)
 
-            with progress_bar(progress, plan.frames, "export minari") as bar:
+            with progress_bar(progress, selection.frames, "export minari") as bar:
                 for k, i in enumerate(order.tolist()):
                     length = int(t.length[i])
                     g = f.create_group(f"episode_{k}")
@@ -178,13 +178,13 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
         layout = layout_attrs(sch, s.metadata)
         layout["action_space_inferred"] = inferred
         meta = {**extra_meta, "dataset_id": dataset_id, "minari_version": "0.5.4" if image else "0.5.3",
-                "total_episodes": int(order.size), "total_steps": plan.steps, "data_format": "hdf5",
+                "total_episodes": int(order.size), "total_steps": selection.steps, "data_format": "hdf5",
                 "jpeg_encoding": False, "observation_space": json.dumps(obs_space),
                 "action_space": json.dumps(act_space),
                 "dataset_size": round(disk_usage(os.path.join(tmp, "data")) / 1e6, 1), "mmreplay": layout}
         with open(os.path.join(tmp, "data", "metadata.json"), "w") as fh:
             json.dump(meta, fh)
-    return plan.result(final, "minari", time.perf_counter() - t0,
+    return selection.result(final, "minari", time.perf_counter() - t0,
                        {"dataset_id": dataset_id, "minari_version": meta["minari_version"],
                         "action_space_inferred": inferred})
 

@@ -45,8 +45,8 @@ from ._common import (
     frame_pieces,
     layout_attrs,
     open_reader,
-    plan_export,
     progress_bar,
+    select_for_export,
     step_pieces,
     upload,
 )
@@ -227,10 +227,10 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
     t0 = time.perf_counter()
     final = Location.of(out, storage_options)
     with open_reader(store) as s, _target(final, overwrite, progress) as (tmp, data):
-        plan = plan_export(s)
-        t, order = plan.table, plan.order
+        selection = select_for_export(s)
+        t, order = selection.table, selection.order
         sch = s.schema
-        n_steps, n_frames, n_eps = plan.steps, plan.frames, int(order.size)
+        n_steps, n_frames, n_eps = selection.steps, selection.frames, int(order.size)
         g = zarr.open_group(tmp, mode="w-", zarr_format=3)
         g.attrs.update({"format": FORMAT, "format_version": VERSION, **layout_attrs(sch, s.metadata),
                         "num_episodes": n_eps, "num_steps": n_steps, "num_frames": n_frames})
@@ -286,7 +286,7 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
             warnings.simplefilter("ignore")  # "consolidated metadata is not part of the v3 spec": we know
             zarr.consolidate_metadata(tmp)
         codec_name = "none" if codec is None else str(compression).lower()
-    return plan.result(final, "zarr", time.perf_counter() - t0, {"compression": codec_name})
+    return selection.result(final, "zarr", time.perf_counter() - t0, {"compression": codec_name})
 
 
 # -- reading ------------------------------------------------------------------------------------------

@@ -4,13 +4,13 @@ For each sampled transition slot the kernel finds the ring slots of its observat
 n-step window and its next stack, the window length ``m`` (up to and including the first episode
 end), whether the episode terminated or was truncated inside it, and which stack positions are
 padding (before the episode's first stored frame). It follows ``Index.plan`` (mmreplay/index.py)
-step for step, including its one global choice: when any row's span of frame rows ``rho-k ..
-rho+n-1`` leaves its chunk, every row's span is computed through (stream, row) arithmetic with the
+step for step, including its one global choice: when any row's span of frame rows ``stream_row-k ..
+stream_row+n-1`` leaves its chunk, every row's span is computed through (stream, row) arithmetic with the
 rows clamped to the retained, written ones; otherwise each span is the row's slot plus offsets.
 The tests compare every output array with ``Index.plan``'s on real stores.
 
 The inputs are the index's arrays as they are (nothing is copied): ``flags`` (uint8, with the RAM
-bits ``END``, ``TERMINATED``, ``MISSING``), ``epos`` (int32) and ``seq_of_pos`` (int64), plus the
+bits ``END``, ``TERMINATED``, ``MISSING``), ``episode_pos`` (int32) and ``seq_of_pos`` (int64), plus the
 numbers in ``config`` (int64, positions ``C_*``) and ``gammas`` (float64, ``gamma**i`` for
 ``i < n``: a window of length m weighs its rewards by the first m of them, the rest by 0).
 """
@@ -51,7 +51,7 @@ def config(num_envs: int, rows_per_stream: int, rows_alloc: int, positions: int,
 
 
 @njit(cache=True, nogil=True)
-def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray,
+def plan_batch(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, seq_of_pos: np.ndarray,
                config: np.ndarray, gammas: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Row arithmetic of the *valid* transition slots ``slots`` (int64, shape (B,)).
@@ -80,13 +80,13 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     reward_weights = np.empty((b_count, n), np.float64)
     m_out = np.empty(b_count, np.int64)
     ends = np.zeros((3, b_count), np.bool_)
-    zeros = _plan_rows(slots, flags, epos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
+    zeros = _plan_rows(slots, flags, episode_pos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
                        m_out, ends)
     return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
 
 
 @njit(cache=True, nogil=True)
-def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray, config: np.ndarray,
+def _plan_rows(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, seq_of_pos: np.ndarray, config: np.ndarray,
                gammas: np.ndarray, stacks: np.ndarray, pad: np.ndarray, reward_slots: np.ndarray,
                reward_weights: np.ndarray, m_out: np.ndarray, ends: np.ndarray) -> int:
     """``plan_batch``'s pass into its output arrays (``pad`` and ``ends`` zeroed); returns ``zeros``."""
@@ -102,7 +102,7 @@ def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     oldest = config[C_OLDEST_ROW]
     last_row = config[C_ROWS] - 1
     zeros = 0
-    span = np.empty(k + n, np.int64)  # column c: frame row rho + c - k
+    span = np.empty(k + n, np.int64)  # column c: frame row stream_row + c - k
     # Index.plan's global choice: through (stream, row) arithmetic for every row as soon as one
     # row's span leaves its chunk.
     rows_path = False
@@ -116,16 +116,16 @@ def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
     # for every row first, the misses overlap, instead of each row waiting for its own.
     for b in range(b_count):
         prefetch(flags, slots[b])  # type: ignore[call-arg]  # (an intrinsic: mypy counts its typing context)
-        prefetch(epos, slots[b])
+        prefetch(episode_pos, slots[b])
     for b in range(b_count):
         slot = slots[b]
         if rows_path:
             pos = slot // alloc
             off = slot % alloc
             stream = off // rs
-            rho = seq_of_pos[pos] * rs + off % rs
+            stream_row = seq_of_pos[pos] * rs + off % rs
             for c in range(k + n):
-                r = rho + c - k
+                r = stream_row + c - k
                 if r < oldest:
                     r = oldest
                 if r > last_row:
@@ -152,7 +152,7 @@ def _plan_rows(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_po
         for i in range(n):
             reward_slots[b, i] = span[k + i]
             reward_weights[b, i] = gammas[i] if i < m else 0.0
-        first_col = k - epos[slot]  # span columns before it are before the episode's first stored frame
+        first_col = k - episode_pos[slot]  # span columns before it are before the episode's first stored frame
         first = span[max(first_col, 0)]
         for c in range(k):
             obs_pad = c < first_col
@@ -196,7 +196,7 @@ def _returns(reward: np.ndarray, reward_slots: np.ndarray, reward_weights: np.nd
 
 
 @njit(cache=True, nogil=True)
-def plan_returns(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_pos: np.ndarray,
+def plan_returns(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, seq_of_pos: np.ndarray,
                  config: np.ndarray, gammas: np.ndarray, reward: np.ndarray, discounts: np.ndarray
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """``plan_batch`` then ``nstep_returns`` in one call, returning only what ``sample()`` hands out or
@@ -208,7 +208,7 @@ def plan_returns(slots: np.ndarray, flags: np.ndarray, epos: np.ndarray, seq_of_
     for b in range(b_count):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
         prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
     # (a call between compiled functions: nothing is boxed)
-    stacks, pad, reward_slots, reward_weights, m, ends, zeros = plan_batch(slots, flags, epos, seq_of_pos, config,
+    stacks, pad, reward_slots, reward_weights, m, ends, zeros = plan_batch(slots, flags, episode_pos, seq_of_pos, config,
                                                                            gammas)
     values = np.empty((3, b_count), np.float32)
     _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])

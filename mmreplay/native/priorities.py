@@ -26,7 +26,7 @@ def priority_update(ids: np.ndarray, priorities: np.ndarray, oldest_id: int, nex
     """Check and resolve an update of raw priorities (``ids``: int64, ``priorities``: float64, same length).
 
     ``id2slot`` maps ``id % len(id2slot)`` to a ring slot for retained ids ``[oldest_id, next_id)``;
-    ``valid[slot]`` says whether that slot is sampleable (sync the index first: a window that closed
+    ``valid[slot]`` says whether that slot is sampleable (settle the index first: a window that closed
     before the update must count as sampleable).
 
     Returns ``(status, position, slots, values, skipped, top)``:

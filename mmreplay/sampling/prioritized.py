@@ -162,7 +162,7 @@ class PrioritizedSampler:
         """Set raw priorities of ``ids`` (int64); returns how many ids were skipped (evicted or not
         sampleable). The last of repeated ids wins. Raises ``ValueError`` for NaN, infinite or negative
         priorities and length mismatches, naming the first bad position, ``NotSampleableError`` for ids
-        never issued; nothing changes then. Call after the index is synced."""
+        never issued; nothing changes then. Call after the index is settled."""
         p = np.asarray(priorities)
         if p.shape != ids.shape:
             raise ValueError(f"priorities: expected shape {ids.shape} (one per index), got {p.shape}")

@@ -436,7 +436,7 @@ class ChunkRing:
             return self.compressed_path(name)
         return self.file_path(name, self.columns[0])
 
-    def readahead_spans(self) -> tuple[np.ndarray, np.ndarray]:
+    def read_ahead_spans(self) -> tuple[np.ndarray, np.ndarray]:
         """Address ranges ``(starts, ends)`` of every compressed frame file and every small column file
         mapped (not raw frames): what a cold reader of a compressed store reads ahead."""
         spans = []

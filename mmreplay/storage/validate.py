@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ..errors import CorruptStoreError
-from ..options import Schema, extent_rows, planned_positions, validate_ring
+from ..options import Schema, extent_rows, initial_positions, validate_ring
 
 __all__ = ["check_body", "check_files", "check_dirs", "check_chunk_name", "check_state_name", "check_rng",
            "load_priority_table", "column_names", "CHUNK_NAME", "STATE_FILE"]
@@ -159,7 +159,7 @@ def check_body(doc: dict[str, Any], where: str) -> Schema:
             f.fail("head_epos", heads, f"{schema.num_envs} entries (one per env stream)")
         for i, h in enumerate(heads):
             f.int_(f"head_epos[{i}]", h, 0, 2**31 - 1)  # an episode position (int32 in the index)
-    positions = planned_positions(schema)
+    positions = initial_positions(schema)
     if doc.get("ring_positions") is not None:
         positions = max(positions, f.int_("ring_positions", doc["ring_positions"], 1))
     positions = max(positions, len(chunks))
