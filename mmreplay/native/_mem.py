@@ -133,6 +133,22 @@ def copy16(typingctx: Any, dst: Any, d: Any, src: Any, s: Any) -> Any:
 
 
 @intrinsic
+def store16(typingctx: Any, dst: Any, d: Any, lo: Any, hi: Any) -> Any:
+    """``dst[d:d+16]`` = the 8 bytes of the int64 ``lo``, then those of ``hi``: one unaligned 16-byte store."""
+    sig = types.void(dst, d, types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        vec = ir.VectorType(ir.IntType(64), 2)
+        i32 = ir.IntType(32)
+        value = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], i32(0))
+        value = builder.insert_element(value, args[3], i32(1))
+        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), vec.as_pointer())
+        builder.store(value, p, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
 def prefetch(typingctx: Any, src: Any, s: Any) -> Any:
     """Hint the CPU to bring the cache line holding ``src[s]`` (element ``s``, of any dtype) in (for reading);
     never faults."""
