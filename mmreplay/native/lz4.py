@@ -87,15 +87,32 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
     output lies.
     """
     op = o0
+    # a sequence with under 15 literals starting before these needs no other check for its literals' wide
+    # copy and its offset (inside the block), nor for a short match's copies (inside the frame)
+    ifast = iend - 16
+    ofast = oend - 14 - 34
     while True:
         if ip >= iend:
             return E_STREAM
         token = load1(src, ip)
         ip += 1
-        # literals
         ll = token >> 4
-        if ll < 15 and iend - ip >= 16 and oend - op >= 16:
+        if ll < 15 and ip <= ifast and op <= ofast:
             copy16(out, op, src, ip)
+            ip += ll
+            op += ll
+            off = load1(src, ip) | (load1(src, ip + 1) << 8)
+            ip += 2
+            ml = token & 15
+            if ml < 15 and 0 < off <= op - o0:  # the common case, a short match (at most 18 bytes)
+                if off >= 16:  # one or two 16-byte copies, the second reading bytes the first made final
+                    copy16(out, op, out, op - off)
+                    if ml + MIN_MATCH > 16:  # (only then: from less than 32 back, this load overlaps the store
+                        copy16(out, op + 16, out, op - off + 16)  # just made, which stalls until it is written)
+                else:
+                    _repeat(out, op, off, ml + MIN_MATCH)
+                op += ml + MIN_MATCH
+                continue
         else:
             if ll == 15:
                 while True:
@@ -115,26 +132,15 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
                     j += 16
             else:
                 copy(out, op, src, ip, ll)
-        ip += ll
-        op += ll
-        if ip == iend:  # the last sequence: literals only
-            return 0 if op == oend else E_STREAM
-        # match
-        if iend - ip < 2:
-            return E_STREAM
-        off = load1(src, ip) | (load1(src, ip + 1) << 8)
-        ip += 2
-        ml = token & 15
-        if ml < 15 and 0 < off <= op - o0 and oend - op >= 34:
-            # the common case, a short match (at most 18 bytes) with room after it
-            if off >= 16:  # one or two 16-byte copies, the second reading bytes the first made final
-                copy16(out, op, out, op - off)
-                if ml + MIN_MATCH > 16:  # (only then: from less than 32 back, this load overlaps the store just
-                    copy16(out, op + 16, out, op - off + 16)  # made, which stalls until it is written)
-            else:
-                _repeat(out, op, off, ml + MIN_MATCH)
-            op += ml + MIN_MATCH
-            continue
+            ip += ll
+            op += ll
+            if ip == iend:  # the last sequence: literals only
+                return 0 if op == oend else E_STREAM
+            if iend - ip < 2:
+                return E_STREAM
+            off = load1(src, ip) | (load1(src, ip + 1) << 8)
+            ip += 2
+            ml = token & 15
         if ml == 15:
             while True:
                 if ip >= iend:
