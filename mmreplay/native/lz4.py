@@ -77,14 +77,15 @@ def _repeat(out: np.ndarray, op: int, off: int, n: int) -> int:
     return j - step + 16
 
 
-@nb.njit(nogil=True, cache=True, error_model="numpy")
+@nb.njit(nogil=True, cache=True, error_model="numpy", inline="always")
 def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, oend: int) -> int:
     """Decode the LZ4 block ``src[ip:iend]`` into exactly ``out[o0:oend]``; returns 0, or ``E_STREAM``.
 
     Every read and write is checked against these bounds, whatever the input holds. Copies move 16
     bytes at a time and may write up to 15 bytes beyond what they need when there is room before
     ``oend`` (never past it): what follows overwrites them, so a block decodes the same wherever its
-    output lies.
+    output lies. Inlined into its callers: a call of its own takes and drops a reference to both arrays
+    (atomic operations) for every frame.
     """
     op = o0
     # a sequence with under 15 literals starting before these needs no other check for its literals' wide
