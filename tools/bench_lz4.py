@@ -9,13 +9,13 @@ frames lie side by side, as a batch's do. Beside it, in the same process and win
   ctypes, so no Python call per frame), when ``liblz4.so.1`` is found; no CRC check;
 - ``np.copyto`` of the same output bytes.
 
-With ``--baseline PATH`` a second process runs the decoder of the tree at PATH (``PYTHONPATH=PATH``) on
-the same entries; the two processes measure in alternating windows (the order flips every round), and
+With ``--baseline REV`` a second process runs the decoder of git revision REV of this repository (or of
+the tree at REV, a directory: ``PYTHONPATH=REV``) on the same entries; the two processes measure in alternating windows (the order flips every round), and
 each figure is the best window (CPU time of the measuring thread, ``time.thread_time``). With
 ``--sample``, each process also opens one compressed store (filled with the same frames, one read
 thread) and measures ``sample(32)``'s CPU per batch in its windows.
 
-    python tools/bench_lz4.py --baseline /work/main --sample        # ~2 min
+    python tools/bench_lz4.py --baseline HEAD~3 --sample --write     # ~2 min; the ``lz4`` section of BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ from typing import Any
 
 import numba as nb
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _report import table, write_section  # noqa: E402
 
 GAMES = ("breakout", "mspacman", "pong", "seaquest")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "atari")
@@ -196,12 +199,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--baseline", default=None, help="a tree whose decoder to measure beside this one's")
+    ap.add_argument("--baseline", default=None, help="a git revision (or a tree) whose decoder to measure too")
     ap.add_argument("--frames", type=int, default=512, help="frames of each game (default 512)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--seconds", type=float, default=2.0, help="one window of one process")
     ap.add_argument("--sample", action="store_true", help="also sample(32)'s CPU per batch on a compressed store")
     ap.add_argument("--capacity", type=int, default=50_000, help="the store of --sample")
+    ap.add_argument("--write", action="store_true", help="write the lz4 section of BENCHMARKS.md")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--decode-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
@@ -218,7 +222,7 @@ def main() -> None:
             make_store(store, args.capacity)
         procs["this"] = Proc(ROOT, args, store)
         if args.baseline:
-            procs["baseline"] = Proc(os.path.abspath(args.baseline), args, store)
+            procs["baseline"] = Proc(checkout(args.baseline, scratch), args, store)
         load0 = os.getloadavg()[0]
         got: dict[str, list[dict[str, float]]] = {k: [] for k in procs}
         names = list(procs)
@@ -235,18 +239,48 @@ def main() -> None:
         for key in windows[0]:
             vals = [w[key] for w in windows]
             best[f"{k}:{key}"] = min(vals) if key == "sample_us" else max(vals)
-    rows = sorted({key.split("/")[0] for w in got.values() for key in w[0] if "/" in key})
-    print(f"best of {args.rounds} alternating windows of {args.seconds:g} s, {args.frames} frames a game, "
-          f"load {load0:.1f} -> {load1:.1f} on {os.cpu_count()} cores; GB/s of output")
-    print(f"{'':>18}" + "".join(f"{g:>10}" for g in GAMES))
-    for k in procs:
-        for name in rows:
-            if f"{k}:{name}/{GAMES[0]}" in best:
-                print(f"{k + ' ' + name:>18}" + "".join(f"{best[f'{k}:{name}/{g}']:>10.2f}" for g in GAMES))
-        if f"{k}:sample_us" in best:
-            print(f"{k + ' sample(32)':>18}  {best[f'{k}:sample_us']:.0f} us CPU per batch (one read thread)")
+    body = report(best, args, load0, load1)
+    print(body)
     print(json.dumps(best))
+    if args.write:
+        write_section("lz4", body)
 
+
+def checkout(rev: str, scratch: str) -> str:
+    """A directory holding ``mmreplay`` as of ``rev`` (a directory is used as it is)."""
+    if os.path.isdir(rev):
+        return os.path.abspath(rev)
+    tree = os.path.join(scratch, "baseline")
+    os.makedirs(tree)
+    archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "mmreplay"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+    return tree
+
+
+def report(best: dict[str, float], args: argparse.Namespace, load0: float, load1: float) -> str:
+    base = f"`{args.baseline}`" if args.baseline else ""
+    if args.baseline and not os.path.isdir(args.baseline):
+        base = "commit " + subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", args.baseline], check=True,
+                                          capture_output=True, text=True).stdout.strip()
+    names = {"this:ours": "mmreplay (`lz4.decode_entry`: CRC-32C, then the block)",
+             "baseline:ours": f"the same, as of {base}", "this:liblz4": "liblz4 `LZ4_decompress_safe` (no CRC)",
+             "this:copyto": "`np.copyto` of the frames"}
+    rows = [[label] + [f"{best[f'{key}/{g}']:.2f}" for g in GAMES] for key, label in names.items()
+            if f"{key}/{GAMES[0]}" in best]
+    out = ["## LZ4 decode of real frames", "",
+           f"The first {args.frames} frames of each recorded game (`tests/data/atari`), encoded as the sealer "
+           "encodes them, decoded side by side into one output, one thread; GB/s of frames, the best of "
+           f"{args.rounds} windows of {args.seconds:g} s per process (thread CPU time), the processes alternating. "
+           f"Load average {load0:.1f} at the start, {load1:.1f} at the end.", "",
+           table(["decoder"] + list(GAMES), rows), ""]
+    if "this:sample_us" in best:
+        line = (f"`sample(32)` on a compressed store of {args.capacity:,} transitions of these frames (stack 4, "
+                f"n-step 3, one read thread), CPU of the calling thread per batch, best window: "
+                f"{best['this:sample_us']:.0f} us")
+        if "baseline:sample_us" in best:
+            line += f" against {best['baseline:sample_us']:.0f} us as of {base}"
+        out += [line + ".", ""]
+    return "\n".join(out)
 
 if __name__ == "__main__":
     main()
