@@ -65,6 +65,48 @@ def spec_decode(block: bytes, size: int) -> bytes:
     return bytes(out)
 
 
+def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
+    """``spec_decode``, or None where the block is not a valid block of ``size`` bytes."""
+    out = bytearray()
+    i = 0
+    try:
+        while True:
+            token = block[i]
+            i += 1
+            n = token >> 4
+            if n == 15:
+                while True:
+                    b = block[i]
+                    i += 1
+                    n += b
+                    if b != 255:
+                        break
+            if i + n > len(block):
+                return None
+            out += block[i:i + n]
+            i += n
+            if i == len(block):
+                break
+            off = block[i] | block[i + 1] << 8
+            i += 2
+            m = token & 15
+            if m == 15:
+                while True:
+                    b = block[i]
+                    i += 1
+                    m += b
+                    if b != 255:
+                        break
+            m += 4
+            if not 0 < off <= len(out) or len(out) + m > size:
+                return None
+            for _ in range(m):
+                out.append(out[-off])
+    except IndexError:
+        return None
+    return bytes(out) if len(out) == size else None
+
+
 def build_block(seqs: list[tuple[bytes, int, int]], last: bytes) -> bytes:
     """A block from sequences ``(literals, offset, match length)`` and the final literals."""
     def length(n: int) -> bytes:
@@ -134,6 +176,21 @@ def test_every_short_offset_and_length_decodes_as_the_spec_says(ml):
             block = build_block([(lit, off, ml)], bytes(range(7, 7 + tail)))
             want = spec_decode(block, len(lit) + ml + tail)
             for before, after in ((0, 0), (3, 40)):
+                err, got = kernel_decode(block, len(want), before, after)
+                assert err == 0 and got == want, (off, ml, tail)
+
+
+@pytest.mark.parametrize("off", range(1, 21))
+def test_short_matches_at_every_distance_from_the_end_decode_as_the_spec_says(off):
+    """Matches up to 18 bytes long (the token's own length) and a little longer, at every offset up to 20,
+    followed by 0..40 bytes: the decoder's wide stores and pattern fills switch to single bytes near
+    the end of the frame."""
+    lit = bytes(range(3, 3 + 24))
+    for ml in range(4, 41):
+        for tail in range(0, 41, 3):
+            block = build_block([(lit, off, ml), (b"\x07", off, ml)], bytes(range(50, 50 + tail)))
+            want = spec_decode(block, 2 * (len(lit) + ml) - len(lit) + 1 + tail)
+            for before, after in ((0, 0), (2, 33)):
                 err, got = kernel_decode(block, len(want), before, after)
                 assert err == 0 and got == want, (off, ml, tail)
 
@@ -222,8 +279,73 @@ def atari_frames():  # noqa: ANN201
 @given(st.binary(min_size=0, max_size=300), st.integers(1, 500))
 @SETTINGS
 def test_garbage_never_writes_outside_its_frame(block, size):
-    err, _ = kernel_decode(block, size, 16, 16)
-    assert err in (0, E_STREAM)
+    err, got = kernel_decode(block, size, 16, 16)
+    want = spec_decode_or_none(block, size)
+    assert (err, got if err == 0 else None) == ((0, want) if want is not None else (E_STREAM, None))
+
+
+@given(st.sampled_from(["breakout", "mspacman", "pong", "seaquest"]), st.integers(0, 63),
+       st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4),
+       st.sampled_from(["replace", "insert", "delete", "truncate"]), st.sampled_from([0, 1, 16]))
+@SETTINGS
+def test_damaged_real_blocks_decode_as_the_spec_says_or_fail_inside_their_frame(game, i, edits, how, guard):
+    """A real frame's block with bytes replaced, inserted or deleted, or cut short, decoded into a frame with
+    ``guard`` bytes either side: the decoder never writes outside the frame, and it gives the frame the
+    block format says or an error, exactly where the format says the block is invalid."""
+    block, fb = real_blocks()[game][i]
+    b = bytearray(block)
+    for where, value in edits:
+        k = int(where * len(b))
+        if how == "replace":
+            b[k] = value
+        elif how == "insert":
+            b.insert(k, value)
+        elif how == "delete" and len(b) > 1:
+            del b[k]
+        else:
+            del b[k:]
+            break
+    err, got = kernel_decode(bytes(b), fb, guard, guard)
+    want = spec_decode_or_none(bytes(b), fb)
+    assert (err, got if err == 0 else None) == ((0, want) if want is not None else (E_STREAM, None))
+
+
+def test_real_frames_of_every_game_decode_side_by_side():
+    """Every game's first frames, encoded as the sealer encodes them, decoded next to each other into one
+    output (as a batch's are: the wide stores of one frame stop at its end) and compared with the frames."""
+    for game, blocks in real_blocks().items():
+        frames = atari_frames_of(game)[:len(blocks)]
+        out = np.full(frames.nbytes + 16, CANARY, np.uint8)
+        for i in np.random.default_rng(0).permutation(len(blocks)):  # neighbours decoded before or after
+            block, fb = blocks[i]
+            src = np.frombuffer(block, np.uint8)
+            assert K.decode_block(src, 0, src.size, out, i * fb, (i + 1) * fb) == 0
+        assert np.array_equal(out[:frames.nbytes], frames.reshape(-1)), game
+        assert (out[frames.nbytes:] == CANARY).all()
+        for block, fb in blocks[:8]:
+            assert spec_decode(block, fb) == kernel_decode(block, fb)[1]
+
+
+def atari_frames_of(game: str) -> np.ndarray:
+    from compression_helpers import atari_frames
+
+    return atari_frames(game)
+
+
+_BLOCKS: dict[str, list[tuple[bytes, int]]] = {}
+
+
+def real_blocks() -> dict[str, list[tuple[bytes, int]]]:
+    """The LZ4 blocks of the first 64 frames of each recorded game, as the sealer encodes them."""
+    if not _BLOCKS:
+        for game in ("breakout", "mspacman", "pong", "seaquest"):
+            frames = np.ascontiguousarray(atari_frames_of(game)[:64])
+            n, fb = frames.shape[0], frames[0].nbytes
+            records, buf = framefile.encode_native(frames.reshape(-1), n, fb, 0, framefile.row_bytes((84, 84), 1))
+            entries = [buf[r["offset"]:r["offset"] + r["length"]].tobytes() for r in records]
+            assert all(len(e) < fb for e in entries)
+            _BLOCKS[game] = [(e[4:], fb) for e in entries]
+    return _BLOCKS
 
 
 @given(frames_strategy(), st.data())
