@@ -17,22 +17,9 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.synthetic import atari_like_episodes
-from tests._support.helpers import require
 
 FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
 SEQ_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids", "index", "weight")
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return require("torch")
-
-
-@pytest.fixture(scope="module")
-def mt(torch):
-    import mmreplay.torch as mt
-
-    return mt
 
 
 def _fill(s: mr.ReplayStore, episodes: int, seed: int) -> None:
@@ -308,9 +295,9 @@ def test_dataset_device_option(torch, mt, atari_store, sequence_length):
         list(mt.replay_loader(atari_store, 4, num_workers=1, device="cpu", num_batches=1))
 
 
-def test_pin_memory_on_cpu(torch, mt, atari_store):
+def test_pin_memory_on_cpu(torch, mt, atari_store, accelerator):
     with mr.ReplayStore.open(atari_store, "r", seed=4) as b:
-        if mt._accelerator():
+        if accelerator:
             feed = mt.device_batches(b, 8, "cpu", pin_memory=True)
             assert next(feed).obs.is_pinned()
         else:

@@ -15,18 +15,6 @@ FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "trun
 
 
 @pytest.fixture(scope="module")
-def torch():
-    return require("torch")  # imported once for the module
-
-
-@pytest.fixture(scope="module")
-def mt(torch):
-    import mmreplay.torch as mt
-
-    return mt
-
-
-@pytest.fixture(scope="module")
 def atari_store(tmp_path_factory):
     path = tmp_path_factory.mktemp("torch") / "store"
     with mr.ReplayStore.create(path, capacity=5000, obs_shape=(84, 84), stack=4, n_step=3,
@@ -103,9 +91,9 @@ def test_dataloader_workers_each_follow_their_seed(torch, mt, atari_store):
         r.close()
 
 
-def test_pin_memory(torch, mt, atari_store, monkeypatch):
+def test_pin_memory(torch, mt, atari_store, monkeypatch, accelerator):
     ds = mt.ReplayDataset(atari_store, batch_size=4, num_batches=1, pin_memory=True)
-    if mt._accelerator():
+    if accelerator:
         assert next(iter(ds))["obs"].is_pinned()
     else:
         with pytest.warns(UserWarning, match="no accelerator"):

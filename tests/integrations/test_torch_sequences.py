@@ -7,21 +7,8 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.synthetic import atari_like_episodes
-from tests._support.helpers import require
 
 FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids", "index", "weight")
-
-
-@pytest.fixture(scope="module")
-def torch():
-    return require("torch")
-
-
-@pytest.fixture(scope="module")
-def mt(torch):
-    import mmreplay.torch as mt
-
-    return mt
 
 
 @pytest.fixture(scope="module")
