@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from tests.store.test_crash import kill_trial  # noqa: E402
+from tests._support.crash_trial import kill_trial  # noqa: E402
 
 
 def main() -> None:

@@ -14,8 +14,8 @@ import pytest
 
 import mmreplay as mr
 from mmreplay.datasets import DatasetError, detect_format, export, import_dataset
+from tests._support.dqn import Dopamine
 from tests._support.helpers import FIELDS, require
-from tests.datasets.test_dqn_replay import Dopamine
 
 BUCKET = "mmreplay-test"
 

@@ -15,6 +15,7 @@ import pytest
 import mmreplay as mr
 from tests._support.compression import assert_same_rows, drive
 from tests._support.crash_compress_writer import KW
+from tests._support.crash_trial import kill_trial
 
 SUPPORT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_support")
 
@@ -60,10 +61,8 @@ def test_kill_during_compression(tmp_path, moment, generation):
 
 @pytest.mark.parametrize("trial", range(6))
 def test_sigkill_at_random_moments_with_compression(tmp_path, monkeypatch, trial):
-    """The crash test of test_crash.py with every sealed chunk compressed (its frames are int32: the
-    codec takes any dtype)."""
-    from tests.store.test_crash import kill_trial
-
+    """The crash test of test_crash.py (``crash_trial.kill_trial``) with every sealed chunk compressed (its
+    frames are int32: the codec takes any dtype)."""
     monkeypatch.setenv("MMREPLAY_CRASH_COMPRESSION", "lz4")
     rng = np.random.default_rng(100 + trial)
     kill_trial(str(tmp_path), seed=trial, delay=float(rng.uniform(0.0, 0.35)))

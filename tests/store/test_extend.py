@@ -16,8 +16,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from tests._support.helpers import assert_same, make_pair
-from tests.store.test_sequences import check_sequences
+from tests._support.helpers import assert_same, check_sequences, make_pair
 
 EXTRAS = {"lp": ((), "float32"), "vec": ((2,), "int16")}
 

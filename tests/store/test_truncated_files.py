@@ -19,6 +19,7 @@ _SCRIPT = r"""
 import json, os, sys
 import numpy as np
 import mmreplay as mr
+from tests._support.truncation import truncate
 
 out = {}
 root = sys.argv[1]
@@ -39,11 +40,6 @@ def writer(path, **kw):
         s.step(0, 1.0, np.full((16, 16), t % 7, np.uint8), False, False)
     s.commit()
     return s
-
-
-def truncate(path, size):
-    os.chmod(path, 0o644)  # sealed files are read-only; another process of the owner can still do this
-    os.truncate(path, size)
 
 
 # 1. the counters file, under a reader that samples and a writer that commits
