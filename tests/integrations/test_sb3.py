@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from tests._support import internals
 from tests._support.atari_data import GAMES, episodes
 from tests._support.helpers import require
 
@@ -184,7 +185,7 @@ def all_rows(buf):
     """Every sampleable row, through the same conversion sample() uses."""
     store = buf.store
     ids = store.sampleable_ids()
-    return sample_keys(buf._to_samples(store.gather(ids)), buf.n_steps)
+    return sample_keys(internals.sb3_samples(buf, store.gather(ids)), buf.n_steps)
 
 
 def check_buffer(buf, sure, maybe):
@@ -201,16 +202,16 @@ def check_buffer(buf, sure, maybe):
     # tensor what the host path makes of the same rows
     import torch
 
-    batch = buf._device_feed().next(64)
-    d = buf._device_samples(batch)
-    want = buf._to_samples(buf.store.gather(batch.index.numpy()))
+    batch = internals.sb3_device_feed(buf).next(64)
+    d = internals.sb3_device_samples(buf, batch)
+    want = internals.sb3_samples(buf, buf.store.gather(batch.index.numpy()))
     for got_t, want_t in zip(d, want, strict=True):
         if want_t is None:
             assert got_t is None
             continue
         assert got_t.dtype == want_t.dtype and got_t.shape == want_t.shape
         assert torch.equal(got_t, want_t)
-    buf._handle.drop_feed()
+    internals.sb3_drop_feed(buf)
 
 
 # -- stacked Atari frames --------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_adds_written_in_blocks_are_sampleable_at_once(sb3, spaces, tmp_path, mo
     """add() keeps a block of steps per env and writes it to the store in one extend(): blocks of 3 rows here,
     so they end mid-episode, at episode ends and when an env's next obs starts a new episode. Whatever reads
     the store (sample, buffer.store) sees every add made before it."""
-    monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", 3)
+    internals.sb3_block_rows(monkeypatch, 3)
     rng = np.random.default_rng(7)
     streams = [atari_segments(e, 6, rng) for e in range(n_envs)]
     buf = sb3.ReplayBuffer(5000, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cpu",
@@ -288,9 +289,9 @@ def test_cuda_samples_are_the_host_paths(sb3, spaces, tmp_path):
             assert all(t.device.type == "cuda" for t in s if t is not None)
             host = type(s)(*(None if t is None else t.cpu() for t in s))
             assert set(sample_keys(host, 3)) <= set(sure + maybe)
-        batch = buf._device_feed().next(64)
-        got = buf._device_samples(batch)
-        want = buf._to_samples(buf.store.gather(batch.index.cpu().numpy()))
+        batch = internals.sb3_device_feed(buf).next(64)
+        got = internals.sb3_device_samples(buf, batch)
+        want = internals.sb3_samples(buf, buf.store.gather(batch.index.cpu().numpy()))
         for got_t, want_t in zip(got, want, strict=True):
             assert (got_t is None) == (want_t is None)
             if want_t is not None:
@@ -373,7 +374,7 @@ def test_bad_stacks_are_refused_and_write_nothing(sb3, spaces, tmp_path):
         with pytest.raises(ValueError, match="handle_timeout_termination=False"):  # timeouts need SB3's list
             buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
                     np.array([0]), np.array([0.0]), np.array([False]), {"lives": np.array([3])})
-        assert buf._handle.pending.count == [1]  # the accepted add waits in its block, the refused ones are not in it
+        assert internals.sb3_pending_counts(buf) == [1]  # the accepted add waits in its block, the refused ones are not in it
         assert buf.store.id_range == (0, 1) and buf.size() == 1  # the refused calls wrote nothing
         buf.add(stack_of(s, 1, 4, "zeros", "first")[None], stack_of(s, 2, 4, "zeros", "first")[None],
                 np.array([2]), np.array([2.0]), np.array([False]), [{}])  # the episode goes on after them
@@ -624,7 +625,7 @@ def test_kill_9_reopens_at_the_last_pickle(sb3, tmp_path):
     with open(tmp_path / "b.pkl", "rb") as f:
         buf = pickle.load(f)
     assert buf.pos == 300 and buf.store.id_range == (0, 300)
-    rows = buf._to_samples(buf.store.gather(buf.store.sampleable_ids()))
+    rows = internals.sb3_samples(buf, buf.store.gather(buf.store.sampleable_ids()))
     i = rows.observations[:, 0].numpy().astype(np.int64)
     m = np.where(i % 37 == 36, 1, 2)  # the window is cut by the episode's end
     assert np.array_equal(np.sort(i), np.arange(299))  # the last transition's 2-step window waits for an add

@@ -21,40 +21,22 @@ from hypothesis import strategies as st
 import mmreplay as mr
 from mmreplay.native import crew
 from mmreplay.reader import FrameReader, WayChooser, cgroup_cpu_quota, usable_cpus
-from mmreplay.storage import framefile
-from tests._support.compression import atari_frames, compressed_chunk, drive, flip
-
-
-def atari_store(path: str, compression: str | None, capacity: int = 600, game: str = "seaquest",
-                truncate_every: int = 0) -> mr.ReplayStore:
-    """700 real frames of ``game`` in episodes ending every 97 steps (and truncated every
-    ``truncate_every`` steps), committed."""
-    frames = atari_frames(game)[:700]
-    s = mr.ReplayStore.create(path, capacity=capacity, obs_shape=frames.shape[1:], stack=4, n_step=3, chunk_size=64,
-                              compression=compression, seed=0)
-    s.reset(frames[0])
-    for t in range(1, len(frames)):
-        end = t % 97 == 0
-        cut = not end and truncate_every > 0 and t % truncate_every == 0
-        s.step(t % 4, float(t % 3), frames[t], end, cut)
-        if end or cut:
-            s.reset(frames[t])
-    s.commit()
-    return s
+from tests._support import internals
+from tests._support.crew import atari_store, damaged_slots, damaged_store, finished_by_helpers
 
 
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):  # noqa: ANN201
     root = tmp_path_factory.mktemp("crew")
     made = {kind: atari_store(str(root / kind), None if kind == "raw" else "lz4") for kind in ("raw", "lz4")}
-    assert made["lz4"]._parts.log.ring.compressed  # sealed chunks whose frames are read compressed
+    assert internals.log(made["lz4"]).ring.compressed  # sealed chunks whose frames are read compressed
     yield made
     for s in made.values():
         s.close()
 
 
 def _readers(store: mr.ReplayStore, threads: int) -> tuple[FrameReader, FrameReader]:
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     fast = FrameReader(ring.arrays["obs"], threads, False, ring=ring)
     fast.SHARE = True  # every read shared with the helpers, even one of a few rows
     fast.MIN_SHARED_BYTES = 1
@@ -62,22 +44,12 @@ def _readers(store: mr.ReplayStore, threads: int) -> tuple[FrameReader, FrameRea
     return fast, one
 
 
-def _finished_by_helpers(c: crew.Crew, task: tuple[int, int]) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        done = int(c.ctl[crew.DONE])
-        if done >> crew.SEQ_SHIFT == task[0] and done & crew.LOW == task[1]:
-            return True
-        time.sleep(0.001)
-    return False
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(["raw", "lz4"]), b=st.integers(1, 40), threads=st.integers(1, 4),
        seed=st.integers(0, 2**16))
 def test_a_shared_read_is_the_one_thread_read(stores, kind, b, threads, seed):
     store = stores[kind]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     ids = np.random.default_rng(seed).choice(store.sampleable_ids(), b)
     plan = idx.plan(idx.slots_of(ids))
     fast, one = _readers(store, threads)
@@ -101,9 +73,9 @@ def test_rows_read_by_the_helpers_alone_are_the_one_thread_read(stores, kind, b,
     if not crew.SUPPORTED:
         pytest.skip("helpers sleep on a Linux futex")
     store = stores[kind]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     plan = idx.plan(idx.slots_of(np.random.default_rng(seed).choice(store.sampleable_ids(), b)))
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     reader = FrameReader(ring.arrays["obs"], helpers + 1, False, ring=ring)
     reader.CHUNKS = chunks
     one = FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)
@@ -121,7 +93,7 @@ def test_rows_read_by_the_helpers_alone_are_the_one_thread_read(stores, kind, b,
                 out = np.zeros((2, b, 4) + ring.arrays["obs"].shape[1:], np.uint8)
                 task = c.post(reader._fields(crew.PAIRS, obs, nxt, b, out), b, None)
                 want = np.stack(one.stacks(plan.obs_slots, plan.next_slots))
-            assert _finished_by_helpers(c, task)
+            assert finished_by_helpers(c, task)
             assert c.join(task) == (0, 0, 0)  # nothing left for the caller
             np.testing.assert_array_equal(out, want)
     finally:
@@ -132,7 +104,7 @@ def test_rows_read_by_the_helpers_alone_are_the_one_thread_read(stores, kind, b,
 def test_many_reads_racing_the_helpers_read_right(stores):
     """Compressed frames (the decoder writes scratch bytes past a match): each row read by one thread only."""
     store = stores["lz4"]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     fast, one = _readers(store, 3)
     rng = np.random.default_rng(5)
     try:
@@ -158,7 +130,7 @@ def _thread_cpu(tid: int) -> float:
 def test_idle_helpers_sleep(stores):
     """After a burst of shared reads, the helpers use no CPU while nothing is posted (no spinning)."""
     store = stores["lz4"]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
     fast, one = _readers(store, 3)
     try:
@@ -176,29 +148,6 @@ def test_idle_helpers_sleep(stores):
         fast.close()
         one.close()
     assert not any(t.name == "mmreplay-read" and t.native_id in tids and t.is_alive() for t in threading.enumerate())
-
-
-def damaged_store(path: str) -> tuple[str, int]:
-    """A small store at ``path`` with one compressed frame damaged: its file and row."""
-    with mr.ReplayStore.create(path, capacity=200, obs_shape=(8, 8), stack=2, n_step=2, chunk_size=32,
-                               seed=0) as s:
-        drive([s], 150, 2, ends=0.02)
-    _, target = compressed_chunk(str(path))
-    buf = framefile.read_file(target)
-    records = framefile.read_records(target, buf, 32)
-    row = int(np.flatnonzero((records["length"] < 64) & (records["length"] > 8))[0])
-    flip(target, int(records[row]["offset"]) + 6)
-    return target, row
-
-
-def damaged_slots(s: mr.ReplayStore, target: str, row: int) -> tuple[int, np.ndarray]:
-    """The damaged frame's slot, and slots of intact frames."""
-    ring = s._parts.log.ring
-    seq = next(q for q, name in ring.mapped.items() if target.endswith(f"{name}.obs.lz4"))
-    bad = (seq % ring.positions) * ring.rows_alloc + row
-    good = np.array([q * ring.rows_alloc + r for q in range(ring.positions) for r in range(20)
-                     if ring.frame_kind[q] >= 0 and q * ring.rows_alloc + r != bad])
-    return bad, good
 
 
 @pytest.mark.parametrize("last", [False, True])
@@ -235,14 +184,14 @@ def test_a_damaged_frame_in_any_row_of_a_batch_of_stacks_is_reported(tmp_path, w
 
 def _child_reads(path: str, q: multiprocessing.Queue) -> None:
     with mr.ReplayStore.open(path, mode="r", seed=3) as s:
-        s._reader.SHARE = True
+        internals.reader(s).SHARE = True
         got = [s.sample(32).obs.tobytes() for _ in range(5)]
-        q.put((got, s._reader._crew.threads if s._reader._crew is not None else -1))
+        q.put((got, internals.reader(s)._crew.threads if internals.reader(s)._crew is not None else -1))
 
 
 def test_a_forked_child_of_a_sharing_process_reads_with_its_own_helpers(stores):
     store = stores["raw"]
-    store._reader.SHARE = True
+    internals.reader(store).SHARE = True
     try:
         for _ in range(20):
             store.sample(32)  # this process's helpers are running
@@ -253,16 +202,16 @@ def test_a_forked_child_of_a_sharing_process_reads_with_its_own_helpers(stores):
         obs, threads = q.get(timeout=60)
         p.join(60)
     finally:
-        store._reader.SHARE = None
+        internals.reader(store).SHARE = None
     assert p.exitcode == 0
-    assert threads == (store._reader.threads - 1 if crew.SUPPORTED else -1)
+    assert threads == (internals.reader(store).threads - 1 if crew.SUPPORTED else -1)
     with mr.ReplayStore.open(store.path, mode="r", seed=3) as s:
         assert obs == [s.sample(32).obs.tobytes() for _ in range(5)]
 
 
 def test_a_second_thread_reads_the_same_frames(stores):
     store = stores["raw"]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
     fast, one = _readers(store, 2)
     fast.stacks(plan.obs_slots, plan.next_slots)
@@ -299,9 +248,9 @@ def test_the_faster_way_is_used_and_the_other_is_tried_now_and_then():
 
 def test_a_reader_whose_shared_reads_are_slow_reads_alone(stores):
     store = stores["lz4"]
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     fast = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
     one = FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)
     fast._ways.cost = [1.0, 1e-9]  # as measured under load: alone is faster

@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 import mmreplay as mr
 from mmreplay.reader import FrameReader, PostGate
+from tests._support import internals
 from tests._support.compression import atari_frames
-from tests.kernels.test_crew import _finished_by_helpers, atari_store, damaged_slots, damaged_store
+from tests._support.crew import atari_store, damaged_slots, damaged_store, finished_by_helpers
 
 
 def _atari_store(path: str, compression: str | None, capacity: int = 600) -> mr.ReplayStore:
@@ -29,20 +30,20 @@ def _atari_store(path: str, compression: str | None, capacity: int = 600) -> mr.
 def stores(tmp_path_factory):  # noqa: ANN201
     root = tmp_path_factory.mktemp("handoff")
     made = {kind: _atari_store(str(root / kind), None if kind == "raw" else "lz4") for kind in ("raw", "lz4")}
-    assert made["lz4"]._parts.log.ring.compressed
+    assert internals.log(made["lz4"]).ring.compressed
     yield made
     for s in made.values():
         s.close()
 
 
 def _plan(store: mr.ReplayStore, b: int, seed: int):  # noqa: ANN202
-    idx = store._parts.log.index
+    idx = internals.log(store).index
     ids = np.random.default_rng(seed).choice(store.sampleable_ids(), b)
     return idx.plan(idx.slots_of(ids))
 
 
 def _reference(store: mr.ReplayStore) -> FrameReader:
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     return FrameReader(ring.arrays["obs"], 1, False, ring=ring, native=False)  # numpy / numcodecs, one thread
 
 
@@ -51,7 +52,7 @@ def _reference(store: mr.ReplayStore) -> FrameReader:
        wait=st.booleans(), seed=st.integers(0, 2**16))
 def test_a_posted_read_is_the_one_thread_read(stores, kind, b, chunks, wait, seed):
     store = stores[kind]
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
     reader.CHUNKS = chunks
     one = _reference(store)
@@ -61,7 +62,7 @@ def test_a_posted_read_is_the_one_thread_read(stores, kind, b, chunks, wait, see
             posted = reader.post_stacks(plan.obs_slots, plan.next_slots)
             assert posted is not None
             if wait:  # the helper reads every row; the join only waits
-                assert _finished_by_helpers(posted.helper, posted.task)
+                assert finished_by_helpers(posted.helper, posted.task)
             got = reader.join_stacks(posted)
             want = one.stacks(plan.obs_slots, plan.next_slots)
             for g, w in zip(got, want, strict=True):
@@ -76,7 +77,7 @@ def test_a_posted_read_is_the_one_thread_read(stores, kind, b, chunks, wait, see
 def test_many_tasks_racing_the_helper_read_right(stores):
     """Compressed frames (the decoder writes scratch bytes past a match): each row read by one thread only."""
     store = stores["lz4"]
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
     one = _reference(store)
     rng = np.random.default_rng(5)
@@ -99,7 +100,7 @@ def test_a_damaged_frame_in_a_posted_read_is_reported(tmp_path):
     path = tmp_path / "s"
     target, row = damaged_store(str(path))
     with mr.ReplayStore.open(path, mode="r") as s:
-        ring = s._parts.log.ring
+        ring = internals.log(s).ring
         bad, good = damaged_slots(s, target, row)
         good = good[:40].reshape(20, 2)
         obs = good.copy()
@@ -128,13 +129,13 @@ def test_batches_posting_hand_out_the_sampled_batches(tmp_path, kind):
         want = [a.sample(16) for _ in range(80)]
         it = b.batches(16, prefetch=2)
         it.AWAY = 3600.0  # (a thread held up by other work: the prefetch thread would take batches)
-        b._reader._gate.SLOWER = 1e9  # (joins slowed by other work: posting would rest)
+        internals.reader(b)._gate.SLOWER = 1e9  # (joins slowed by other work: posting would rest)
         got = []
         for i in range(80):  # a tight loop (the caller keeps coming back: posting, not the prefetch thread)
             got.append(next(it))
             if i % 20 == 10:
                 time.sleep(0.003)  # a learner's step: the helper reads the next batch alone
-        assert b._reader._gate.posts >= 60  # (the first batch of an iterator is read in the caller's thread)
+        assert internals.reader(b)._gate.posts >= 60  # (the first batch of an iterator is read in the caller's thread)
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             for name in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index"):
                 np.testing.assert_array_equal(getattr(g, name), getattr(w, name), err_msg=f"{name} {i}")
@@ -172,7 +173,7 @@ def _child_batches(path: str, q: multiprocessing.Queue) -> None:
     with mr.ReplayStore.open(path, mode="r", seed=3) as s:
         it = s.batches(16, prefetch=2)
         got = [next(it) for _ in range(5)]
-        q.put(([g.obs.tobytes() for g in got], s._reader._gate.posts))
+        q.put(([g.obs.tobytes() for g in got], internals.reader(s)._gate.posts))
 
 
 def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
@@ -180,7 +181,7 @@ def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
     it = store.batches(16, prefetch=2)
     for _ in range(3):
         next(it)
-    assert store._reader._gate.posts > 0  # this process's helpers are running
+    assert internals.reader(store)._gate.posts > 0  # this process's helpers are running
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
     p = ctx.Process(target=_child_batches, args=(store.path, q))
@@ -196,7 +197,7 @@ def test_a_forked_child_posts_with_its_own_helper(stores, tmp_path):
 def test_no_posting_where_there_are_no_helpers(stores):
     store = stores["raw"]
     plan = _plan(store, 8, 0)
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     reader = FrameReader(ring.arrays["obs"], 1, False, ring=ring)  # one thread: the caller reads alone
     assert reader.post_stacks(plan.obs_slots, plan.next_slots) is None
     reader.close()
@@ -224,7 +225,7 @@ def test_posting_stops_while_joins_cost_more_than_plain_reads():
 
 def test_two_threads_posting_through_one_reader_each_get_their_frames(stores):
     store = stores["lz4"]
-    ring = store._parts.log.ring
+    ring = internals.log(store).ring
     reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
     plans = [[_plan(store, 8 + t, 100 * t + i) for i in range(100)] for t in range(2)]
     want = [[_reference(store).stacks(p.obs_slots, p.next_slots) for p in ps] for ps in plans]

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
+from tests._support import internals
 from tests._support.compression import atari_frames
 from tests._support.isolated import run_scenario
 
@@ -37,7 +38,7 @@ def sample_digest(path: str, expect: str) -> None:
     s.commit()
     assert s.inspect()["compressed_chunks"], "the sealer compressed nothing"
     if expect == "numpy":
-        assert type(s._parts.sampler.tree).__name__ == "NumpySumTree"
+        assert type(internals.sampler(s).tree).__name__ == "NumpySumTree"
     h = hashlib.sha256()
 
     def add(batch: object) -> None:

@@ -19,13 +19,14 @@ import mmreplay as mr
 from mmreplay import index as index_module
 from mmreplay.batch import assemble, assemble_planned, nstep_returns_numpy
 from mmreplay.native import plan as native_plan
+from tests._support import internals
 
 
-def internals(store: mr.ReplayStore):
+def parts_of(store: mr.ReplayStore):
     """The index, ring arrays, reader and discount table the kernels work on (the one place these tests
     reach into the store's parts)."""
-    log = store._parts.log
-    return log.index, log.ring.arrays, store._reader, store._discounts
+    log = internals.log(store)
+    return log.index, log.ring.arrays, internals.reader(store), internals.discounts(store)
 
 
 @st.composite
@@ -93,7 +94,7 @@ def build(path, spec) -> mr.ReplayStore:
 
 
 def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
-    idx, arrays, reader, discounts = internals(store)
+    idx, arrays, reader, discounts = parts_of(store)
     want = idx.plan_numpy(slots)
     got = idx.plan(slots)  # the native pass
     for name in ("slots", "obs_slots", "obs_pad", "next_slots", "next_pad", "reward_slots", "reward_weights",
@@ -140,7 +141,7 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
 def test_plan_and_gather_equal_the_numpy_path(tmp_path_factory, spec, subsets):
     store = build(tmp_path_factory.mktemp("s") / "s", spec)
     try:
-        valid = internals(store)[0].slots_of(store.sampleable_ids())
+        valid = parts_of(store)[0].slots_of(store.sampleable_ids())
         if valid.size == 0:
             return
         check(store, valid, spec["gamma"])  # every sampleable transition at once
@@ -169,7 +170,7 @@ def test_atari_shaped_store(tmp_path, pad):
         if end:
             store.reset(rng.integers(0, 255, (84, 84), np.uint8))
     len(store)
-    valid = internals(store)[0].slots_of(store.sampleable_ids())
+    valid = parts_of(store)[0].slots_of(store.sampleable_ids())
     check(store, valid, 0.99)
     for _ in range(10):
         check(store, rng.choice(valid, 32), 0.99)

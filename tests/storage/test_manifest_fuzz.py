@@ -58,8 +58,7 @@ def originals(tmp_path_factory):
         s.commit()
     doc = read_doc(base / "prio")
     assert doc["pending_draws"] and doc["priorities"]["deltas"] and doc["snapshots"]
-    s._failed = mr.ReadOnlyStoreError("keep the commit above")  # close without committing again
-    s.close()
+    s.close(commit=False)  # keep the commit above
     fill(base / "uniform", prio=None).close()
     fill(base / "victim", prio=None).close()
     return base

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 import mmreplay as mr
 from mmreplay.storage import framefile
 from mmreplay.storage.vmem import memory_budget
+from tests._support import internals
 from tests._support.compression import (
     assert_batches_equal,
     assert_same_rows,
@@ -297,11 +298,12 @@ def test_cold_reads_request_compressed_ranges_and_read_ahead(tmp_path, monkeypat
 
     monkeypatch.setattr(FrameReader, "COLD_FAULTS", 0)  # every batch looks cold
     with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw", mode="r") as r:
-        for reader in (c._reader, r._reader):
+        for reader in (internals.reader(c), internals.reader(r)):
             assert reader.prefetch_io == "auto"
         assert_same_rows(c, r)  # batches after the first go through request() of compressed ranges
-        assert c._reader._cold_batches > 0 and c._reader._read_ahead_started
-        c._reader.prefetch_io = True
+        cold_batches, read_ahead_started = internals.read_ahead(c)
+        assert cold_batches > 0 and read_ahead_started
+        internals.reader(c).prefetch_io = True
         assert_same_rows(c, r)
     assert memory_budget() > 0
 
@@ -378,7 +380,7 @@ def test_the_numcodecs_reference_path_reads_the_same_rows(tmp_path):
     c, r = pair(tmp_path, capacity=200, obs_shape=(8, 8), stack=3, n_step=2, chunk_size=16, seed=3)
     drive([c, r], 150, 8)
     c.commit()
-    c._reader._native = None  # as when numba cannot be imported
+    internals.read_without_numba(c)
     assert c.inspect()["compressed_chunks"]
     assert_same_rows(c, r)
     c.close()

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
+from tests._support import internals
 from tests._support.compression import atari_frames
 from tests._support.helpers import require
 from tests._support.isolated import run_scenario
@@ -123,16 +124,8 @@ def writer_forks_during_a_seal(path: str) -> None:
     commit and save raise ``ReadOnlyStoreError`` saying to reopen; one closes, the other just exits, and
     neither waits on the parent's seal. The parent then finishes the seal, goes on writing and commits a
     store that verifies."""
-    from mmreplay.log import ChunkLog
-
     gate = threading.Event()
-    real_seal = ChunkLog._seal
-
-    def slow_seal(self, seq):  # type: ignore[no-untyped-def]
-        gate.wait(60)
-        return real_seal(self, seq)
-
-    ChunkLog._seal = slow_seal  # type: ignore[method-assign]
+    internals.hold_seals(gate)
     store = _fill(path, "lz4", steps=600)  # rolled: a seal is waiting at the gate
     for _ in range(20):
         store.sample(32)
@@ -231,7 +224,7 @@ def fork_while_another_thread_holds_the_store(path: str) -> None:
     inside, leave = threading.Event(), threading.Event()
 
     def busy() -> None:
-        with store._lock:
+        with internals.lock(store):
             inside.set()
             leave.wait(60)
 

@@ -9,57 +9,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from tests._support.helpers import Pair, make_pair
+from tests._support import internals
+from tests._support.helpers import SEQ_FIELDS, Pair, check_sequences, make_pair
 
-SEQ_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids")
 EXTRAS = {"lp": ((), "float32"), "vec": ((2,), "int16")}
 # An episode event per env and step: 0 continue, 1 terminated, 2 truncated, 3 both flags.
 EVENTS = st.sampled_from([0] * 8 + [1, 2, 3])
-
-
-def assert_sequence_equal(seq: mr.SequenceBatch, b: int, want: dict, length: int) -> None:
-    """Row ``b`` of ``seq`` equals the model's sequence, dtypes and shapes included."""
-    for name in SEQ_FIELDS:
-        got = getattr(seq, name)[b]
-        assert got.shape == want[name].shape, (name, got.shape, want[name].shape)
-        assert np.array_equal(got, want[name]), f"{name} of start {want['index']}, L={length}:\n{got!r}\n!=\n" \
-                                                f"{want[name]!r}"
-    assert seq.reward.dtype == np.float32 and seq.ids.dtype == np.int64 and seq.mask.dtype == np.bool_
-    assert seq.index[b] == want["index"] == seq.ids[b, 0]
-    for name, value in want["extras"].items():
-        assert np.array_equal(seq.extras[name][b], value), f"extras[{name}] of start {want['index']}"
-
-
-def check_sequences(pair: Pair, lengths: list[int], rng: np.random.Generator) -> None:
-    """Every sampleable start, at each length, gathered and sampled, equals the model; strict draws only
-    start where the model says `length` steps follow, and raise exactly when none does."""
-    store, model = pair.store, pair.model
-    ids = model.sampleable_ids()
-    assert store.sampleable_ids().tolist() == ids
-    if not ids:
-        with pytest.raises(mr.NotSampleableError):
-            store.sample_sequences(4, 3)
-        return
-    for length in lengths:
-        seq = store.gather_sequences(np.array(ids, np.int64), length)
-        assert seq.obs.shape == (len(ids), length + 1, model.k) + model.obs_shape
-        assert np.all(seq.weight == 1.0) and np.all(seq.mask[:, 0])
-        for b, i in enumerate(ids):
-            assert_sequence_equal(seq, b, model.sequence(i, length), length)
-        drawn = store.sample_sequences(8, length)
-        for b, i in enumerate(drawn.index):
-            assert int(i) in ids
-            assert_sequence_equal(drawn, b, model.sequence(int(i), length), length)
-        fits = [i for i in ids if model.sequence_fits(i, length)]
-        if not fits:
-            with pytest.raises(mr.NotSampleableError, match="strict=True"):
-                store.sample_sequences(8, length, strict=True)
-            continue
-        strict = store.sample_sequences(8, length, strict=True)
-        assert strict.mask.all()
-        for b, i in enumerate(strict.index):
-            assert int(i) in fits
-            assert_sequence_equal(strict, b, model.sequence(int(i), length), length)
 
 
 @st.composite
@@ -146,7 +101,7 @@ def test_the_index_keeps_the_fitting_starts_up_to_date(tmp_path_factory, cfg, da
 
     def check() -> None:
         pair.store.sampleable_ids()  # syncs the index, as a draw does
-        index = pair.store._parts.log.index
+        index = internals.log(pair.store).index
         got = index.fitting_starts(length)
         assert got.size == np.unique(got).size and (got >= pair.model.oldest_id).all()
         sampleable = set(pair.model.sampleable_ids())

@@ -25,6 +25,7 @@ _COMMON = r"""
 import hashlib, json, mmap, os, sys
 import numpy as np
 import mmreplay as mr
+from tests._support.truncation import truncate
 
 root = sys.argv[1]
 out = {}
@@ -44,11 +45,6 @@ def writer(path, **kw):
         s.step(t % 3, 1.0, frames(t + 1), False, False)
     s.commit()
     return s
-
-
-def truncate(path, size=100):
-    os.chmod(path, 0o644)  # sealed files are read-only; another process of the owner can still do this
-    os.truncate(path, size)
 
 
 def attempt(key, call):
@@ -225,11 +221,12 @@ import os, sys
 import numpy as np
 import mmreplay as mr
 from mmreplay.native import busguard
+from tests._support import internals
 s = mr.ReplayStore.create(os.path.join(sys.argv[1], "s"), capacity=64, obs_shape=(8,), chunk_size=16)
 s.reset(np.zeros(8, np.uint8))
 s.step(0, 0.0, np.ones(8, np.uint8), False, False)
 s.sample(1)
-print(busguard.supported(), busguard.register(s._parts.log.ring.arrays["obs"].ctypes.data, 4096, False))
+print(busguard.supported(), busguard.register(internals.log(s).ring.arrays["obs"].ctypes.data, 4096, False))
 """)
     r = _run(script, tmp_path, env={"NUMBA_DISABLE_JIT": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
