@@ -27,7 +27,7 @@ Rules:
   by a thread it does not have.
 - ``MMREPLAY_WARMUP=0`` turns the background warm-up off (``mmreplay warmup`` still compiles).
 - A kernel Python calls belongs in ``KERNELS``, with every combination of argument types it is called
-  with: ``tests/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
+  with: ``tests/kernels/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
   fails on any kernel numba then had to compile.
 """
 
