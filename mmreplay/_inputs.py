@@ -233,6 +233,15 @@ def prefetch_arg(prefetch: Any) -> int:
     return int(prefetch)
 
 
+def read_threads_arg(read_threads: Any) -> int | None:
+    if read_threads is None:
+        return None
+    if isinstance(read_threads, bool) or not isinstance(read_threads, (int, np.integer)) or read_threads < 1:
+        raise ValueError(f"read_threads: expected None (one per usable core, at most 4) or an int >= 1, got"
+                         f" {read_threads!r}; read_threads=1 keeps every read in the calling thread")
+    return int(read_threads)
+
+
 def keep_arg(keep: Any) -> int | None:
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         raise ValueError(f"keep: expected an int >= 1 or None, got {keep!r}")

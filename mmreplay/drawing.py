@@ -20,6 +20,8 @@ import numpy as np
 
 from .errors import NotSampleableError
 from .index import Index
+from .native import jit_enabled
+from .native.rng import Pcg64State
 from .prefetch import BatchIterator, DrawnBatch
 from .sampling import Sampler
 
@@ -36,6 +38,8 @@ class DrawState:
             self._resume_draws, self._resume_rng = _pending_from_manifest(manifest)
         else:
             self._resume_draws, self._resume_rng = [], {}
+        # the RNG's state read cheaply before each prefetched draw (most such states are never looked at)
+        self._pcg = Pcg64State.attach(self.rng) if jit_enabled() else None
         self._count = 0  # draws made (orders the pending draws of several iterators)
         self._iterators: weakref.WeakSet[BatchIterator[Any]] = weakref.WeakSet()
         self._pool: ThreadPoolExecutor | None = None
@@ -44,7 +48,7 @@ class DrawState:
              plan_now: bool = False) -> DrawnBatch:
         """Choose a batch's ids (and weights). With ``plan_now``, also fix its row arithmetic now (for a copy
         made later in another thread) and remember the RNG state before it (for ``state``)."""
-        before = dict(self.rng.bit_generator.state) if plan_now else {}
+        before = self._state_now() if plan_now else {}
         self._count += 1
         ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
         if slots is None:
@@ -59,12 +63,12 @@ class DrawState:
         ``length`` steps in their episode (``Sampler.draw_where``). A strict draw that finds no such start
         raises ``NotSampleableError`` and leaves the RNG as it was.
         """
-        before = dict(self.rng.bit_generator.state)
+        before = self._state_now()
         if strict:
             got = sampler.draw_where(self.rng, batch_size, lambda slots: index.sequence_fits(slots, length), beta,
                                      lambda: index.fitting_starts(length))
             if got is None:
-                self.rng.bit_generator.state = before
+                self.rng.bit_generator.state = self.rng_state(before)
                 raise NotSampleableError(
                     f"sample_sequences(strict=True): no sampleable transition has {length} steps in its episode"
                     " (written so far); use a smaller length, strict=False (masked sequences), or add more steps")
@@ -103,6 +107,14 @@ class DrawState:
         self._iterators.add(it)
         return it
 
+    def _state_now(self) -> dict[str, Any] | bytes:
+        return self._pcg.snapshot() if self._pcg is not None else dict(self.rng.bit_generator.state)
+
+    @staticmethod
+    def rng_state(before: dict[str, Any] | bytes) -> dict[str, Any]:
+        """NumPy's ``bit_generator.state`` of a ``DrawnBatch.rng_before``."""
+        return Pcg64State.state_dict(before) if isinstance(before, bytes) else before
+
     def state(self, index: Index) -> dict[str, Any]:
         """The manifest's ``rng`` and ``pending_draws``: the RNG as of the last batch handed out, plus
         batches drawn by live iterators but not handed out (with the RNG state after them)."""
@@ -113,7 +125,7 @@ class DrawState:
             # Rows drawn before a retirement evicted them cannot be handed out again after a resume, nor
             # can draws of several kinds (one resumed iterator takes them all): record the rule's state
             # only (the resumed run re-draws from the last batch handed out).
-            return {"rng": pending[0].rng_before, "pending_draws": None}
+            return {"rng": self.rng_state(pending[0].rng_before), "pending_draws": None}
         entry: dict[str, Any] = {
             "rng_after": self.rng.bit_generator.state,
             "ids": [d.ids.tolist() for d in pending],
@@ -121,7 +133,7 @@ class DrawState:
         if pending[0].length:
             entry["sequences"] = {"length": pending[0].length, "strict": pending[0].strict,
                                   "heads": [_head_json(d.head) for d in pending]}
-        return {"rng": pending[0].rng_before, "pending_draws": entry}
+        return {"rng": self.rng_state(pending[0].rng_before), "pending_draws": entry}
 
     def discard_pending(self) -> None:
         """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
@@ -131,7 +143,7 @@ class DrawState:
         pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
         if not pending:
             return
-        self.rng.bit_generator.state = pending[0].rng_before
+        self.rng.bit_generator.state = self.rng_state(pending[0].rng_before)
         for it in list(self._iterators):
             it.discard()
 

@@ -31,6 +31,7 @@ from .native import jit_enabled
 from .native import plan as native_plan
 from .native.priorities import priority_update
 from .native.reference import priority_update_numpy
+from .native.rng import Pcg64State, draw_slots
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 
@@ -72,6 +73,7 @@ class Index:
         self.stack = stack
         self.n_step = n_step
         self.math = RowMath(stack, n_step, pad, gamma)
+        self._pcg: Pcg64State | None = None  # (draw_uniform: the state of the generator last drawn with)
         self._native = jit_enabled()  # False under NUMBA_DISABLE_JIT=1: the numpy plan and priority checks
         self._plan_config = native_plan.config(geometry.num_envs, geometry.rows_per_stream, geometry.rows_alloc,
                                                geometry.positions, stack, n_step, pad == "first", False, 0, 0)
@@ -400,6 +402,23 @@ class Index:
     def ids_of(self, slots: np.ndarray) -> np.ndarray:
         """Transition ids stored at ``slots`` (-1 for START frames and empty slots)."""
         return self._slot_id[slots]
+
+    def draw_uniform(self, rng: np.random.Generator, lo: int, hi: int, n: int) -> tuple[np.ndarray, np.ndarray, bool]:
+        """``n`` ids drawn as ``rng.integers(lo, hi, size=n, dtype=np.int64)`` draws them (the generator left
+        in the same state), their slots, and whether every one is sampleable: one native call
+        (``native.rng.draw_slots``) where numba runs and the generator's state can be drawn on natively
+        (``native.rng.Pcg64State``), else numpy's. ``lo .. hi - 1`` must be retained ids."""
+        ids = np.empty(n, np.int64)
+        pcg = self._pcg
+        if pcg is None or pcg.rng is not rng:
+            pcg = self._pcg = Pcg64State.attach(rng) if self._native else None
+        if pcg is not None:
+            slots = np.empty(n, np.int64)
+            bad = draw_slots(pcg.st, pcg.buf, lo, hi, ids, slots, self._id2slot, self._valid)
+            return ids, slots, bad == 0
+        ids = rng.integers(lo, hi, size=n, dtype=np.int64)
+        slots = self.slots_of(ids)
+        return ids, slots, bool(np.count_nonzero(self._valid[slots]) == n)
 
     def valid_at(self, slots: np.ndarray) -> np.ndarray:
         """Sampleable mask of ring slots."""

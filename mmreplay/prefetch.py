@@ -73,7 +73,7 @@ class DrawnBatch:
 
     ids: np.ndarray
     weight: np.ndarray | None
-    rng_before: dict[str, Any]  # the sampling RNG state just before this draw
+    rng_before: dict[str, Any] | bytes  # the sampling RNG state just before this draw (DrawState.rng_state)
     order: int  # position among the store's draws
     plan: Plan | SequencePlan | None = None  # row arithmetic, fixed when drawn
     length: int = 0  # sequences: their length (0: a batch of transitions)

@@ -239,6 +239,7 @@ class ReplayStore:
                               prioritized=prioritized, rate_limit=rate_limit, quantize=quantize,
                               compression=compression)
         seed = _inputs.seed_arg(seed)
+        _inputs.read_threads_arg(read_threads)
         path = os.fspath(path)
         create_store(path, schema, seed, json_dict(metadata))
         return cls.open(path, mode="r+", read_threads=read_threads)
@@ -257,6 +258,7 @@ class ReplayStore:
         """
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
+        read_threads = _inputs.read_threads_arg(read_threads)
         path = os.fspath(path)
         read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
         lock_fd = take_lock(path) if mode == "r+" else None

@@ -11,9 +11,9 @@ import sys
 import tomllib
 
 import pytest
-from helpers import require
 
 from mmreplay.cli import build_parser
+from tests._support.helpers import require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")

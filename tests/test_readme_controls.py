@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 import pytest
-from helpers import require
+
+from tests._support.helpers import require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SECTIONS = ["Rate limiting across processes", "Invalidating and clearing", "Float frames as bytes (`quantize=True`)",

@@ -8,7 +8,8 @@ import sys
 import tomllib
 
 import pytest
-from helpers import EXTRAS, require
+
+from tests._support.helpers import EXTRAS, require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,10 +33,11 @@ def test_every_optional_module_the_tests_need_has_an_extra():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     needed = set()
-    for name in os.listdir(os.path.join(ROOT, "tests")):
-        if name.endswith(".py"):
-            with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as f:
-                needed |= {m.split(".")[0] for m in re.findall(r'require\("([\w.]+)"\)', f.read())}
+    for folder, _, names in os.walk(os.path.join(ROOT, "tests")):
+        for name in names:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    needed |= {m.split(".")[0] for m in re.findall(r'require\("([\w.]+)"\)', f.read())}
     assert needed and needed <= EXTRAS.keys(), needed - EXTRAS.keys()
     for module in needed:
         assert EXTRAS[module] in extras, (module, EXTRAS[module])

@@ -462,7 +462,7 @@ def report_native(args: argparse.Namespace, kern: list[list[str]], nb: dict) -> 
         "",
         "The store runs these kernels (the batch plan while its streams are in lockstep, the n-step returns,",
         "the priority update, the sum tree); the numpy references are the tests' oracles, which give the same",
-        "arrays bit for bit (tests/test_native_*.py). The stacks rows: `lz4.gather_pairs` copies raw frames and",
+        "arrays bit for bit (tests/kernels/). The stacks rows: `lz4.gather_pairs` copies raw frames and",
         "decodes compressed ones; a row's next_obs frames its obs stack holds are copied from the output. The",
         "store's reader shares a batch's rows between the calling thread and helper threads (`native.crew`).",
         f"Per call, microseconds, best of 5 repeats over 64 rotating random batches of the {args.capacity:,}"

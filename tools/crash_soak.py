@@ -1,6 +1,6 @@
 """A longer kill -9 soak than the unit tests' share: many writers killed at random moments.
 
-Each trial runs tests/crash_writer.py (commits every 13 events, snapshots every 41, chunks of 8 slots so
+Each trial runs tests/_support/crash_writer.py (commits every 13 events, snapshots every 41, chunks of 8 slots so
 sealing and retirement happen constantly), SIGKILLs it after a random delay, then checks that the store
 reopens at a commit it made, equal to the reference model (priorities and sampling RNG equal to an
 uninterrupted writer's at that commit), that writing continues, and that the snapshot
@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-from test_crash import kill_trial  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests._support.crash_trial import kill_trial  # noqa: E402
 
 
 def main() -> None:

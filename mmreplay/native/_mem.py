@@ -1,4 +1,4 @@
-"""Byte-copy primitives for numba kernels: ``memcpy``/``memset`` and unaligned 8-byte loads and stores; and
+"""Byte-copy primitives for numba kernels: ``memcpy``, unaligned 8-byte loads and 16-byte copies and stores; and
 atomic operations on int64 array elements (sequentially consistent), for threads that share work.
 
 A plain ``for`` loop over uint8 elements compiles to one byte per iteration (numba's negative-index
@@ -35,19 +35,6 @@ def copy(typingctx: Any, dst: Any, d: Any, src: Any, s: Any, n: Any) -> Any:
 
 
 @intrinsic
-def fill(typingctx: Any, dst: Any, d: Any, value: Any, n: Any) -> Any:
-    """``dst[d:d+n] = value`` for a uint8 array."""
-    sig = types.void(dst, d, value, n)
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
-        pd = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
-        byte = args[2] if args[2].type.width == 8 else builder.trunc(args[2], ir.IntType(8))
-        cgutils.memset(builder, pd, args[3], byte)
-
-    return sig, codegen
-
-
-@intrinsic
 def load8(typingctx: Any, src: Any, s: Any) -> Any:
     """The 8 bytes ``src[s:s+8]`` as one int64 (little-endian machines), any alignment."""
     sig = types.int64(src, s)
@@ -55,18 +42,6 @@ def load8(typingctx: Any, src: Any, s: Any) -> Any:
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(64).as_pointer())
         return builder.load(p, align=1)
-
-    return sig, codegen
-
-
-@intrinsic
-def store8(typingctx: Any, dst: Any, d: Any, value: Any) -> Any:
-    """``dst[d:d+8]`` = the 8 bytes of the int64 ``value``, any alignment."""
-    sig = types.void(dst, d, value)
-
-    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
-        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), ir.IntType(64).as_pointer())
-        builder.store(args[2], p, align=1)
 
     return sig, codegen
 
@@ -128,6 +103,22 @@ def copy16(typingctx: Any, dst: Any, d: Any, src: Any, s: Any) -> Any:
         ps = builder.bitcast(_byte_ptr(context, builder, sig.args[2], args[2], args[3]), i128p)
         pd = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), i128p)
         builder.store(builder.load(ps, align=1), pd, align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def store16(typingctx: Any, dst: Any, d: Any, lo: Any, hi: Any) -> Any:
+    """``dst[d:d+16]`` = the 8 bytes of the int64 ``lo``, then those of ``hi``: one unaligned 16-byte store."""
+    sig = types.void(dst, d, types.int64, types.int64)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        vec = ir.VectorType(ir.IntType(64), 2)
+        i32 = ir.IntType(32)
+        value = builder.insert_element(ir.Constant(vec, ir.Undefined), args[2], i32(0))
+        value = builder.insert_element(value, args[3], i32(1))
+        p = builder.bitcast(_byte_ptr(context, builder, sig.args[0], args[0], args[1]), vec.as_pointer())
+        builder.store(value, p, align=1)
 
     return sig, codegen
 

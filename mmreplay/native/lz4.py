@@ -31,7 +31,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._mem import copy, copy16, fill, load1, load8, prefetch, store1, store8
+from ._mem import copy, copy16, load1, load8, prefetch, store1, store16
 from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4, KIND_RAW
 from .crc32c import crc32c
 
@@ -43,25 +43,77 @@ MIN_MATCH = 4
 FAR = 64
 
 
-@nb.njit(nogil=True, cache=True)
+# For a match ``off`` < 16 bytes back (tables: no division in the loop): the factor that repeats a pattern of
+# ``off`` < 8 bytes (in the low bytes of a word) over a word, ``8 % off``, and the multiple of ``off`` <= 16.
+_REPEAT = np.array([0, 0x0101010101010101, 0x0001000100010001, 0x0001000001000001, 0x0000000100000001,
+                    0x0000010000000001, 0x0001000000000001, 0x0100000000000001], np.int64)
+_REST8 = np.array([0, 0, 0, 2, 0, 3, 2, 1], np.int64)
+_STEP = np.array([0, 16, 16, 15, 16, 15, 12, 14, 16, 9, 10, 11, 12, 13, 14, 15], np.int64)
+
+
+@nb.njit(nogil=True, cache=True, inline="always", error_model="numpy")
+def _repeat(out: np.ndarray, op: int, off: int, n: int) -> int:
+    """Write the first ``n`` or more bytes of a match ``off`` < 16 bytes back, up to ``n + 15``: the
+    pattern's first 16 bytes are built in two words from the ``off`` bytes behind ``op`` and stored every
+    multiple of ``off`` <= 16 bytes. Stores only, no load of what was just stored (a load overlapping a
+    store still in flight waits for it). Returns how many bytes from ``op`` are final (>= n)."""
+    if off <= 2:  # (byte loads: a wider one overlapping two stores still in flight waits for both)
+        v = (load1(out, op - 1) if off == 1 else load1(out, op - 2) | (load1(out, op - 1) << 8)) * _REPEAT[off]
+        w = v
+    elif off < 8:  # (bytes past the pattern are read and masked off)
+        v = (load8(out, op - off) & ((1 << (8 * off)) - 1)) * _REPEAT[off]
+        r = _REST8[off]  # the second word starts at byte r of the pattern: v shifted down r bytes, its top from v
+        w = v if r == 0 else ((v >> (8 * r)) & ((1 << (64 - 8 * r)) - 1)) | (v << (8 * (off - r)))
+    elif off == 8:
+        v = w = load8(out, op - 8)
+    else:  # w: the pattern's bytes 8 .. off-1, then its first ones again
+        v = load8(out, op - off)
+        w = (load8(out, op - off + 8) & ((1 << (8 * (off - 8))) - 1)) | (v << (8 * (off - 8)))
+    step = _STEP[off]
+    j = 0
+    while j < n:
+        store16(out, op + j, v, w)
+        j += step
+    return j - step + 16
+
+
+@nb.njit(nogil=True, cache=True, error_model="numpy", inline="always")
 def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, oend: int) -> int:
     """Decode the LZ4 block ``src[ip:iend]`` into exactly ``out[o0:oend]``; returns 0, or ``E_STREAM``.
 
-    Every read and write is checked against these bounds, whatever the input holds. Copies move 16 or 8
+    Every read and write is checked against these bounds, whatever the input holds. Copies move 16
     bytes at a time and may write up to 15 bytes beyond what they need when there is room before
     ``oend`` (never past it): what follows overwrites them, so a block decodes the same wherever its
-    output lies.
+    output lies. Inlined into its callers: a call of its own takes and drops a reference to both arrays
+    (atomic operations) for every frame.
     """
     op = o0
+    # a sequence with under 15 literals starting before these needs no other check for its literals' wide
+    # copy and its offset (inside the block), nor for a short match's copies (inside the frame)
+    ifast = iend - 16
+    ofast = oend - 14 - 34
     while True:
         if ip >= iend:
             return E_STREAM
         token = load1(src, ip)
         ip += 1
-        # literals
         ll = token >> 4
-        if ll < 15 and iend - ip >= 16 and oend - op >= 16:
+        if ll < 15 and ip <= ifast and op <= ofast:
             copy16(out, op, src, ip)
+            ip += ll
+            op += ll
+            off = load1(src, ip) | (load1(src, ip + 1) << 8)
+            ip += 2
+            ml = token & 15
+            if ml < 15 and 0 < off <= op - o0:  # the common case, a short match (at most 18 bytes)
+                if off >= 16:  # one or two 16-byte copies, the second reading bytes the first made final
+                    copy16(out, op, out, op - off)
+                    if ml + MIN_MATCH > 16:  # (only then: from less than 32 back, this load overlaps the store
+                        copy16(out, op + 16, out, op - off + 16)  # just made, which stalls until it is written)
+                else:
+                    _repeat(out, op, off, ml + MIN_MATCH)
+                op += ml + MIN_MATCH
+                continue
         else:
             if ll == 15:
                 while True:
@@ -74,25 +126,22 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
                         break
             if ll > iend - ip or ll > oend - op:
                 return E_STREAM
-            copy(out, op, src, ip, ll)
-        ip += ll
-        op += ll
-        if ip == iend:  # the last sequence: literals only
-            return 0 if op == oend else E_STREAM
-        # match
-        if iend - ip < 2:
-            return E_STREAM
-        off = load1(src, ip) | (load1(src, ip + 1) << 8)
-        ip += 2
-        ml = token & 15
-        if ml < 15 and off >= 16 and off <= op - o0 and oend - op >= 32:
-            # the common case (a short match from at least 16 bytes back): one or two 16-byte copies,
-            # the second reading bytes the first made final
-            copy16(out, op, out, op - off)
-            if ml + MIN_MATCH > 16:  # (only then: from less than 32 back, this load overlaps the store just
-                copy16(out, op + 16, out, op - off + 16)  # made, which stalls until it is written)
-            op += ml + MIN_MATCH
-            continue
+            if iend - ip - ll >= 16 and oend - op - ll >= 16:  # room for 16-byte steps
+                j = 0
+                while j < ll:
+                    copy16(out, op + j, src, ip + j)
+                    j += 16
+            else:
+                copy(out, op, src, ip, ll)
+            ip += ll
+            op += ll
+            if ip == iend:  # the last sequence: literals only
+                return 0 if op == oend else E_STREAM
+            if iend - ip < 2:
+                return E_STREAM
+            off = load1(src, ip) | (load1(src, ip + 1) << 8)
+            ip += 2
+            ml = token & 15
         if ml == 15:
             while True:
                 if ip >= iend:
@@ -105,46 +154,24 @@ def decode_block(src: np.ndarray, ip: int, iend: int, out: np.ndarray, o0: int, 
         ml += MIN_MATCH
         if off == 0 or off > op - o0 or ml > oend - op:
             return E_STREAM
-        s = op - off
-        if off >= 16 and oend - op - ml >= 16:  # 16-byte steps, each reading bytes already final
-            j = 0
-            far = off if off >= FAR else off * ((FAR + off - 1) // off)
-            while j < ml and j < far:
-                copy16(out, op + j, out, s + j)
-                j += 16
-            while j < ml:  # a long match close behind: read whole periods >= FAR bytes back (see FAR)
-                copy16(out, op + j, out, op + j - far)
-                j += 16
-        elif off >= 8:  # 8-byte steps, each reading bytes already final
-            j = 0
-            while j < ml:
-                if oend - op - j >= 8:
-                    store8(out, op + j, load8(out, s + j))
-                    j += 8
-                else:
-                    store1(out, op + j, load1(out, s + j))
-                    j += 1
-        elif off == 1:  # a run of one byte
-            if ml <= 16 and oend - op >= 16:
-                v = load1(out, s) * 0x0101010101010101
-                store8(out, op, v)
-                store8(out, op + 8, v)
-            else:
-                fill(out, op, load1(out, s), ml)
-        else:  # a short pattern: write one period of >= 16 bytes, then copy 16 bytes from that far back
-            period = off * ((16 + off - 1) // off)
-            first = min(period, ml)
-            for j in range(first):
-                store1(out, op + j, load1(out, s + j))
-            j = first
-            far = off * ((FAR + off - 1) // off)
-            while j < ml:
-                if oend - op - j >= 16:
-                    copy16(out, op + j, out, op + j - (period if j < far else far))
+        # 16-byte steps while they end before oend, then single bytes
+        wild = min(ml, oend - op - 15)
+        j = 0
+        if wild > 0:
+            if off >= 16:  # each step reads bytes already final
+                far = off if off >= FAR else off * ((FAR + off - 1) // off)
+                lim = min(wild, far)
+                while j < lim:
+                    copy16(out, op + j, out, op - off + j)
                     j += 16
-                else:
-                    store1(out, op + j, load1(out, op + j - period))
-                    j += 1
+                while j < wild:  # a long match close behind: read whole periods >= FAR bytes back (see FAR)
+                    copy16(out, op + j, out, op + j - far)
+                    j += 16
+            else:
+                j = _repeat(out, op, off, wild)
+        while j < ml:
+            store1(out, op + j, load1(out, op + j - off))
+            j += 1
         op += ml
 
 

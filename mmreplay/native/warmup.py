@@ -27,7 +27,7 @@ Rules:
   by a thread it does not have.
 - ``MMREPLAY_WARMUP=0`` turns the background warm-up off (``mmreplay warmup`` still compiles).
 - A kernel Python calls belongs in ``KERNELS``, with every combination of argument types it is called
-  with: ``tests/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
+  with: ``tests/kernels/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
   fails on any kernel numba then had to compile.
 """
 
@@ -128,6 +128,9 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("sumtree", "tree_flush", _tree(), PRIORITIZED),
     Kernel("sumtree", "tree_stratified_normalised", _tree(_f64(), _i64(), _f64()), PRIORITIZED),
     Kernel("sumtree", "tree_stratified", _tree(_f64(), _i64()), PRIORITIZED),
+    Kernel("rng", "integers", _every(np.zeros(4, np.uint64), np.zeros(2, np.uint32), 0, 1, _i64())),
+    Kernel("rng", "draw_slots", _every(np.zeros(4, np.uint64), np.zeros(2, np.uint32), 0, 1, _i64(), _i64(), _i64(),
+                                      np.zeros(1, np.bool_))),
     Kernel("plan", "plan_returns", _plan_returns),
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),

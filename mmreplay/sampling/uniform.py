@@ -58,19 +58,18 @@ class UniformSampler:
             if replace:
                 return ids[rng.integers(0, ids.size, size=batch_size)], None, None
             return rng.choice(ids, size=batch_size, replace=False), None, None
+        cand, slots, all_ok = idx.draw_uniform(rng, lo, hi, batch_size)
+        if replace and all_ok:  # (nearly always)
+            return cand, None, slots
         out = np.empty(0, np.int64)
-        while out.size < batch_size:
-            cand = rng.integers(lo, hi, size=batch_size - out.size, dtype=np.int64)
-            slots = idx.slots_of(cand)
-            ok = idx.valid_at(slots)
-            # every first draw sampleable: nearly always (count_nonzero: a fraction of all()'s cost, per batch)
-            if replace and not out.size and np.count_nonzero(ok) == ok.size:
-                return cand, None, slots
-            out = np.concatenate([out, cand[ok]])
+        while True:
+            out = np.concatenate([out, cand[idx.valid_at(slots)]])
             if not replace:
                 _, first = np.unique(out, return_index=True)
                 out = out[np.sort(first)]
-        return out, None, None
+            if out.size >= batch_size:
+                return out, None, None
+            cand, slots, _ = idx.draw_uniform(rng, lo, hi, batch_size - out.size)
 
     def draw_where(self, rng: np.random.Generator, batch_size: int, accept: Accept, beta: float | None,
                    pool: Pool | None = None) -> tuple[np.ndarray, np.ndarray | None] | None:

@@ -1,0 +1,111 @@
+"""The one place where tests reach inside a store (or the SB3 buffer around one).
+
+Tests of the public API use the public API; the few that need a hook into a store's parts take it from
+here, so that every private name they depend on is in this file (``tests/test_tests_layout.py`` refuses a
+private read anywhere else under ``tests/store/`` and ``tests/integrations/``). The hooks are of three
+kinds: a part of a live store, to run or check that part on the store's own data (``log``, ``reader``,
+``sampler``, ``discounts``, ``lock``); a fault or a slowdown injected where no public call can cause it
+(``hold_seals``, ``read_without_numba``); and the SB3 buffer's conversions, to compare its device path with
+its host path on the same rows.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+import mmreplay as mr
+
+# -- parts of a live store ---------------------------------------------------------------------------
+
+
+def log(store: mr.ReplayStore) -> Any:
+    """The store's ``ChunkLog`` (``.ring``: the mapped chunks; ``.index``: the ``Index``)."""
+    return store._parts.log
+
+
+def reader(store: mr.ReplayStore) -> Any:
+    """The store's ``FrameReader``."""
+    return store._reader
+
+
+def sampler(store: mr.ReplayStore) -> Any:
+    """The store's sampler (``sampling/``)."""
+    return store._parts.sampler
+
+
+def discounts(store: mr.ReplayStore) -> np.ndarray:
+    """The store's table of ``gamma ** k`` the batch plan uses for n-step returns."""
+    return store._discounts
+
+
+def lock(store: mr.ReplayStore) -> Any:
+    """The re-entrant lock every public call of the store takes (held: the store's calls wait)."""
+    return store._lock
+
+
+def read_ahead(store: mr.ReplayStore) -> tuple[int, bool]:
+    """The reader's cold-read state: batches left before the next plain probe (> 0: cold batches request
+    their ranges first), and whether a whole compressed store's read-ahead was started."""
+    r = store._reader
+    return r._cold_batches, r._store_read_ahead_started
+
+
+# -- faults and slowdowns ----------------------------------------------------------------------------
+
+
+def read_without_numba(store: mr.ReplayStore) -> None:
+    """From now on the store's reader decodes compressed frames as it does when numba cannot be imported
+    (numcodecs, frame by frame)."""
+    store._reader._native = None
+
+
+def hold_seals(gate: threading.Event) -> None:
+    """Every chunk seal of this process (the log's background thread) waits for ``gate`` (up to 60 s) before
+    it starts. For a process of its own: it is not undone."""
+    from mmreplay.log import ChunkLog
+
+    real_seal = ChunkLog._seal
+
+    def slow_seal(self: Any, seq: int) -> Any:
+        gate.wait(60)
+        return real_seal(self, seq)
+
+    ChunkLog._seal = slow_seal  # type: ignore[method-assign]
+
+
+# -- the SB3 buffer ----------------------------------------------------------------------------------
+
+
+def sb3_samples(buf: Any, batch: mr.Batch) -> Any:
+    """``batch`` (from ``buf.store``) as the ``ReplayBufferSamples`` the buffer's host ``sample()`` makes."""
+    return buf._to_samples(batch)
+
+
+def sb3_device_feed(buf: Any) -> Any:
+    """The buffer's device feed (what its ``sample()`` draws from on an accelerator)."""
+    return buf._device_feed()
+
+
+def sb3_device_samples(buf: Any, batch: Any) -> Any:
+    """A device feed's ``batch`` as the ``ReplayBufferSamples`` the buffer's device ``sample()`` makes."""
+    return buf._device_samples(batch)
+
+
+def sb3_drop_feed(buf: Any) -> None:
+    """Stop and forget the buffer's device feed."""
+    buf._handle.drop_feed()
+
+
+def sb3_pending_counts(buf: Any) -> list[int]:
+    """Per env, the adds waiting in the buffer's block, not yet written to the store."""
+    return buf._handle.pending.count
+
+
+def sb3_block_rows(monkeypatch: Any, rows: int) -> None:
+    """The buffer writes an env's adds to the store in blocks of ``rows`` (for the test's duration)."""
+    from mmreplay import sb3
+
+    monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", rows)

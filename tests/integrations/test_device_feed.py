@@ -1,0 +1,368 @@
+"""The device feed (``mmreplay.torch.device_batches``) hands out exactly ``sample()``'s batches, and its host
+buffers are never refilled while a copy out of them is in flight.
+
+On CPU the "device" path is the same: distinct frames into a ring of host buffers, one copy of the packed
+bytes, the stacks gathered from the copied frames by an index; ``LateCopier`` stands in for the CUDA
+stream and events with copies whose completion comes late. CUDA tests skip without a GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+from mmreplay.synthetic import atari_like_episodes
+
+FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
+SEQ_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids", "index", "weight")
+
+
+def _fill(s: mr.ReplayStore, episodes: int, seed: int) -> None:
+    for ep in atari_like_episodes(episodes, seed=seed, min_len=30, max_len=120):
+        s.reset(ep.frames[0])
+        for t in range(ep.length):
+            s.step(ep.actions[t], ep.rewards[t], ep.frames[t + 1], ep.terminated and t == ep.length - 1, False,
+                   log_prob=np.float32(-t))
+
+
+@pytest.fixture(scope="module")
+def atari_store(tmp_path_factory):
+    """84x84 frames, stack 4, 3-step returns, sealed (LZ4-compressed) chunks and the open one, an extra."""
+    path = tmp_path_factory.mktemp("feed") / "store"
+    with mr.ReplayStore.create(path, capacity=3000, obs_shape=(84, 84), stack=4, n_step=3, chunk_size=256,
+                               extras={"log_prob": ((), "float32")}) as s:
+        _fill(s, 8, 2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def prio_store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("feed") / "prio"
+    with mr.ReplayStore.create(path, capacity=3000, obs_shape=(84, 84), stack=4, n_step=2, chunk_size=256,
+                               extras={"log_prob": ((), "float32")},
+                               prioritized=mr.Prioritized(alpha=0.7, beta=0.5)) as s:
+        _fill(s, 5, 4)
+        ids = np.arange(*s.id_range)[::5]
+        s.update_priorities(ids, np.random.default_rng(0).random(ids.size) * 5)
+    return path
+
+
+def assert_batch(tb, want, fields=FIELDS):
+    """A TensorBatch / TensorSequenceBatch equals a numpy batch bit for bit, dtypes included."""
+    for name in fields:
+        t = getattr(tb, name).cpu()
+        a = getattr(want, name)
+        assert t.numpy().dtype == a.dtype, name
+        assert t.shape == a.shape, name
+        assert np.array_equal(t.numpy(), a), name
+    assert tb.extras.keys() == want.extras.keys()
+    for name, a in want.extras.items():
+        assert np.array_equal(tb.extras[name].cpu().numpy(), a), name
+
+
+class LateCopier:
+    """A stand-in for ``CudaCopier`` on the CPU whose copies complete ``delay`` seconds after they start.
+
+    It copies at once (so the batches are right whatever the ring does) and checks what matters: when a copy
+    completes, the host bytes it read are still as they were (nobody refilled the buffer meanwhile), and no
+    copy starts out of a buffer whose previous copy is still in flight."""
+
+    pinned = False
+
+    def __init__(self, torch, delay: float) -> None:
+        self.torch = torch
+        self.device = torch.device("cpu")
+        self.delay = delay
+        self.lock = threading.Lock()
+        self.in_flight: dict[int, dict] = {}  # host buffer address -> its last copy
+        self.handles: list[dict] = []
+        self.copies = self.overwritten = self.started_early = 0
+        self.always_done = False  # a broken copier (the test of the test)
+
+    def copy(self, host):
+        dev = host.clone()
+        h = {"host": host, "bytes": dev.clone(), "at": time.monotonic() + self.delay, "done": False}
+        with self.lock:
+            self.copies += 1
+            old = self.in_flight.get(host.data_ptr())
+            if old is not None and not old["done"]:
+                self.started_early += 1
+            self.in_flight[host.data_ptr()] = h
+            self.handles.append(h)
+        return dev, h
+
+    def build(self, fn):
+        return fn(), None
+
+    def _finish(self, h) -> None:
+        with self.lock:
+            if not h["done"]:
+                h["done"] = True
+                if not self.torch.equal(h["host"], h["bytes"]):
+                    self.overwritten += 1
+
+    def done(self, h) -> bool:
+        if self.always_done:
+            return True  # a lie: the copy is still in flight
+        if time.monotonic() >= h["at"]:
+            self._finish(h)
+            return True
+        return False
+
+    def wait(self, h) -> None:
+        time.sleep(max(0.0, h["at"] - time.monotonic()))
+        self._finish(h)
+
+    def consume(self, handle, tensors) -> None:
+        return None
+
+    def finish_all(self) -> None:
+        for h in list(self.handles):
+            self.wait(h)
+
+
+def _late(mt, torch, delay=0.02):
+    copier = LateCopier(torch, delay)
+    copier.__class__ = type("LateCopier", (LateCopier, mt.Copier), {})
+    return copier
+
+
+WAYS = ["cpu", "cpu-host-stacks", "ring", "ring-host-stacks"]
+
+
+def _feed(mt, torch, store, b, way, **kw):
+    if way.startswith("ring"):
+        return mt.DeviceBatches(store, b, prefetch=kw.pop("prefetch", 2), host_stacks=way.endswith("stacks"),
+                                copier=_late(mt, torch), **kw)
+    if way == "cpu":  # the stacks gathered from the distinct frames, on CPU tensors
+        return mt.device_batches(store, b, "cpu", host_stacks=False, **kw)
+    return mt.device_batches(store, b, "cpu", **kw)  # the default on the CPU: batches()' stacks
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_uniform_batches_are_samples(torch, mt, atari_store, way):
+    with mr.ReplayStore.open(atari_store, "r", seed=5) as a, mr.ReplayStore.open(atari_store, "r", seed=5) as b:
+        feed = _feed(mt, torch, b, 48, way)
+        for _ in range(12):
+            tb = next(feed)
+            assert isinstance(tb, mt.TensorBatch) and len(tb) == 48
+            assert_batch(tb, a.sample(48))
+        feed.close()
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_prioritized_batches_are_batches_with_updates(torch, mt, prio_store, way, tmp_path):
+    """Priority updates between batches take effect as in ``batches(prefetch=2)``: same draws, same weights."""
+    rng = np.random.default_rng(1)
+    pa, pb = (shutil.copytree(prio_store, tmp_path / name) for name in "ab")  # two writable copies
+    with mr.ReplayStore.open(pa, "r+", seed=9) as a, mr.ReplayStore.open(pb, "r+", seed=9) as b:
+        want = a.batches(32, prefetch=2, beta=0.8)
+        feed = _feed(mt, torch, b, 32, way, beta=0.8)
+        for _ in range(10):
+            tb, w = next(feed), next(want)
+            assert_batch(tb, w)
+            p = rng.random(32) * 3 + 0.1
+            a.update_priorities(w.index, p)
+            b.update_priorities(tb.index.numpy(), p)
+        assert not np.all(w.weight == 1)
+        feed.close()
+        want.close()
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_sequences_are_samples(torch, mt, atari_store, way):
+    with mr.ReplayStore.open(atari_store, "r", seed=3) as a, mr.ReplayStore.open(atari_store, "r", seed=3) as b:
+        feed = _feed(mt, torch, b, 6, way, sequence_length=40)
+        for _ in range(6):
+            tb = next(feed)
+            assert isinstance(tb, mt.TensorSequenceBatch)
+            want = a.sample_sequences(6, 40)
+            assert_batch(tb, want, SEQ_FIELDS)
+        assert not want.mask.all()  # masked steps and zero states were among them
+        feed.close()
+
+
+@pytest.mark.parametrize("way", ["cpu", "ring"])
+def test_commit_and_resume_as_batches(torch, mt, atari_store, tmp_path, way):
+    """Draws made but not handed out are recorded at a commit and handed out first after a resume, as
+    ``batches()`` does: a feed and a ``batches()`` run through the same commit agree batch for batch."""
+    runs = []
+    for name in ("batches", way):
+        path = shutil.copytree(atari_store, tmp_path / name)
+        got = []
+        with mr.ReplayStore.open(path, "r+", seed=11) as s:
+            it = s.batches(24, prefetch=2) if name == "batches" else _feed(mt, torch, s, 24, way)
+            got += [next(it).index.tolist() for _ in range(3)]
+            s.commit()
+        with mr.ReplayStore.open(path, "r+") as s:
+            it = s.batches(24, prefetch=2) if name == "batches" else _feed(mt, torch, s, 24, way)
+            got += [next(it).index.tolist() for _ in range(4)]
+            it.close()
+        runs.append(got)
+    assert runs[0] == runs[1]
+
+
+def test_distinct_frames_are_fewer_and_exact(atari_store):
+    """The store-level piece: ``batches(frames="distinct")`` reads each distinct frame once into the
+    caller's buffer; the positions rebuild ``sample()``'s stacks, zero padding included."""
+    calls = []
+
+    def buffer(shape, dtype):
+        calls.append(np.full(shape, 7, dtype))  # whatever the buffer held must not show
+        return calls[-1]
+
+    with mr.ReplayStore.open(atari_store, "r", seed=1) as a, mr.ReplayStore.open(atari_store, "r", seed=1) as b:
+        it = b.batches(64, frames="distinct", frame_buffer=buffer)
+        padded = 0
+        for _ in range(10):
+            fb, want = next(it), a.sample(64)
+            assert any(fb.frames is c for c in calls) and fb.obs_index.dtype == np.int32
+            assert fb.frames.shape[0] < 2 * 64 * 4 * 0.8
+            assert np.array_equal(fb.frames[fb.obs_index], want.obs)
+            assert np.array_equal(fb.frames[fb.next_index], want.next_obs)
+            padded += int((want.obs == 0).all(axis=(2, 3)).sum())
+        assert padded  # zero padding was exercised
+        it.close()
+        with pytest.raises(ValueError, match="frames"):
+            b.batches(4, frames="rows")
+        with pytest.raises(ValueError, match="frame_buffer"):
+            b.batches(4, frame_buffer=buffer)
+
+
+def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
+    """A slow consumer and copies that complete 100 ms late: the prefetch thread fills the ring (5 buffers)
+    and has to wait for copies; none is ever refilled in flight, and the batches are still ``sample()``'s."""
+    with mr.ReplayStore.open(atari_store, "r", seed=2) as a, mr.ReplayStore.open(atari_store, "r", seed=2) as b:
+        copier = _late(mt, torch, delay=0.1)
+        feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
+        for _ in range(15):
+            time.sleep(0.005)  # a learner's step: the prefetch thread assembles meanwhile
+            tb = next(feed)
+            assert_batch(tb, a.sample(32))
+        feed.close()
+        copier.finish_all()
+        assert copier.copies >= 15
+        assert feed.ring.waits > 0  # takes did wait for copies to complete
+        assert copier.overwritten == 0 and copier.started_early == 0
+        assert len(feed.ring.slots) == 2 + 3
+
+
+def test_the_check_catches_a_ring_that_does_not_wait(torch, mt, atari_store):
+    """The test above can fail: a copier that claims completion at once lets the ring refill buffers whose
+    (late) copies are still in flight, and the checks see it."""
+    with mr.ReplayStore.open(atari_store, "r", seed=2) as b:
+        copier = _late(mt, torch, delay=0.5)
+        copier.always_done = True
+        feed = mt.DeviceBatches(b, 32, prefetch=1, copier=copier)
+        for _ in range(6):
+            next(feed)
+        feed.close()
+        copier.always_done = False
+        copier.finish_all()
+        assert copier.started_early > 0 and copier.overwritten > 0
+
+
+def test_device_feed_for_sample_calls(torch, mt, atari_store):
+    """``DeviceFeed.next(batch_size)``: a ``sample(batch_size)`` on the device (what the SB3 drop-in calls)."""
+    with mr.ReplayStore.open(atari_store, "r", seed=4) as a, mr.ReplayStore.open(atari_store, "r", seed=4) as b:
+        feed = mt.DeviceFeed(b, "cpu")
+        for size in (16, 16, 16):
+            assert_batch(feed.next(size), a.sample(size))
+        feed.close()
+
+
+@pytest.mark.parametrize("sequence_length", [None, 12])
+def test_dataset_device_option(torch, mt, atari_store, sequence_length):
+    """``ReplayDataset(device=...)`` / ``replay_loader`` yield the feed's batches: ``sample()``'s rows."""
+    loader = mt.replay_loader(atari_store, 16, seed=7, num_batches=4, device="cpu", as_dict=False,
+                              sequence_length=sequence_length)
+    got = list(loader)
+    assert len(got) == 4
+    with mr.ReplayStore.open(atari_store, "r", seed=7) as a:
+        for tb in got:
+            if sequence_length is None:
+                assert_batch(tb, a.sample(16))
+            else:
+                assert_batch(tb, a.sample_sequences(16, sequence_length), SEQ_FIELDS)
+    d = next(iter(mt.ReplayDataset(atari_store, 4, device="cpu", num_batches=1)))
+    assert isinstance(d, dict) and d["obs"].shape == (4, 4, 84, 84) and "extras" in d
+    with pytest.raises(ValueError, match="num_workers=0"):
+        list(mt.replay_loader(atari_store, 4, num_workers=1, device="cpu", num_batches=1))
+
+
+def test_pin_memory_on_cpu(torch, mt, atari_store, accelerator):
+    with mr.ReplayStore.open(atari_store, "r", seed=4) as b:
+        if accelerator:
+            feed = mt.device_batches(b, 8, "cpu", pin_memory=True)
+            assert next(feed).obs.is_pinned()
+        else:
+            with pytest.warns(UserWarning, match="no accelerator"):
+                feed = mt.device_batches(b, 8, "cpu", pin_memory=True)
+            assert next(feed).obs.dtype == torch.uint8
+        feed.close()
+        with pytest.raises(ValueError, match="device"):
+            mt.device_batches(b, 8, "meta")
+
+
+@pytest.fixture
+def cuda(torch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (none here): the CPU tests above run the same path with a stand-in copier")
+    return torch.device("cuda")
+
+
+@pytest.mark.parametrize("host_stacks", [False, True])
+def test_cuda_batches_are_samples(torch, mt, atari_store, prio_store, cuda, host_stacks):
+    for path in (atari_store, prio_store):
+        with mr.ReplayStore.open(path, "r", seed=5) as a, mr.ReplayStore.open(path, "r", seed=5) as b:
+            feed = mt.device_batches(b, 64, cuda, host_stacks=host_stacks)
+            for _ in range(20):
+                tb = next(feed)
+                assert tb.obs.device.type == "cuda" and tb.index.device.type == "cuda"
+                assert_batch(tb, a.sample(64))
+            assert feed.ring.slots[0].host is not None and feed.ring.slots[0].host.is_pinned()
+            feed.close()
+
+
+def test_cuda_sequences_are_samples(torch, mt, atari_store, cuda):
+    with mr.ReplayStore.open(atari_store, "r", seed=3) as a, mr.ReplayStore.open(atari_store, "r", seed=3) as b:
+        feed = mt.device_batches(b, 6, cuda, sequence_length=40)
+        for _ in range(5):
+            assert_batch(next(feed), a.sample_sequences(6, 40), SEQ_FIELDS)
+        feed.close()
+
+
+def test_cuda_slow_consumer_on_a_busy_stream(torch, mt, atari_store, cuda):
+    """The consumer's stream is kept busy (a long matmul chain) while batches arrive: the events order them."""
+    x = torch.randn(2048, 2048, device=cuda)
+    with mr.ReplayStore.open(atari_store, "r", seed=6) as a, mr.ReplayStore.open(atari_store, "r", seed=6) as b:
+        feed = mt.device_batches(b, 128, cuda, prefetch=1)
+        for _ in range(10):
+            for _ in range(20):
+                x = torch.tanh(x @ x)
+            tb = next(feed)
+            assert_batch(tb, a.sample(128))
+        feed.close()
+
+
+def test_reader_gather_into_a_callers_array():
+    """``FrameReader.gather(slots, out=)`` reads into the caller's array (and returns it); a wrong shape, dtype
+    or layout is refused before anything is read."""
+    from mmreplay.reader import FrameReader
+
+    frames = np.random.default_rng(0).integers(0, 255, (50, 6, 5), dtype=np.uint8)
+    reader = FrameReader(frames, threads=2)
+    slots = np.array([[3, 7], [49, 0], [7, 7]])
+    out = np.full((3, 2, 6, 5), 9, np.uint8)
+    assert reader.gather(slots, out=out) is out
+    assert np.array_equal(out, frames[slots])
+    for bad in (np.empty((3, 2, 6, 4), np.uint8), np.empty((3, 2, 6, 5), np.int16),
+                np.empty((3, 2, 5, 6), np.uint8).transpose(0, 1, 3, 2)):
+        with pytest.raises(ValueError, match="out: expected"):
+            reader.gather(slots, out=bad)
+    reader.close()

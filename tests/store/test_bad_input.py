@@ -1,0 +1,217 @@
+"""Bad input gets a clear error, and the store is unchanged and still usable afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mmreplay as mr
+
+
+def _frame(v: int = 1) -> np.ndarray:
+    return np.full((4, 4), v, np.uint8)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(4, 4), stack=2, n_step=2, chunk_size=16,
+                              extras={"lp": ((), "float32")})
+    s.reset(_frame(0))
+    for t in range(10):
+        s.step(t % 3, 1.0, _frame(t + 1), False, False, lp=0.5)
+    yield s
+    if not s.closed:
+        s.close()
+
+
+def _snapshot(s: mr.ReplayStore):
+    valid = s.sampleable_ids()
+    b = s.gather(np.array(valid))
+    return s.id_range, len(s), b.obs.copy(), b.reward.copy(), s.current_obs().copy()
+
+
+
+def _same(a, b):
+    assert a[0] == b[0] and a[1] == b[1]
+    for x, y in zip(a[2:], b[2:], strict=True):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("call,exc,words", [
+    (lambda s: s.step(0, 1.0, np.zeros((4, 5), np.uint8), False, False, lp=0.0), ValueError, ["(4, 4)", "(4, 5)"]),
+    (lambda s: s.step(0, 1.0, np.zeros((4, 4), np.float32), False, False, lp=0.0), TypeError, ["uint8", "float32"]),
+    (lambda s: s.step(0.5, 1.0, _frame(), False, False, lp=0.0), TypeError, ["action", "int64", "float64"]),
+    (lambda s: s.step(0, float("nan"), _frame(), False, False, lp=0.0), ValueError, ["reward", "finite"]),
+    (lambda s: s.step(0, 1.0, _frame(), "yes", False, lp=0.0), TypeError, ["terminated", "bool"]),
+    (lambda s: s.step(0, 1.0, _frame(), False, False), TypeError, ["missing", "lp"]),
+    (lambda s: s.step(0, 1.0, _frame(), False, False, lp=0.0, other=1), TypeError, ["other", "not declared"]),
+    (lambda s: s.step(0, 1.0, _frame(), False, False, lp=np.zeros(3)), ValueError, ["lp", "()", "(3,)"]),
+    (lambda s: s.reset(np.zeros((3, 4, 4), np.uint8)), ValueError, ["obs", "(4, 4)"]),
+    (lambda s: s.gather([999]), mr.NotSampleableError, ["999", "never issued"]),
+    (lambda s: s.gather([-1]), mr.NotSampleableError, ["-1", "not a transition id"]),
+    (lambda s: s.gather([9]), mr.NotSampleableError, ["9", "not sampleable"]),
+    (lambda s: s.gather([[1, 2]]), ValueError, ["1-D"]),
+    (lambda s: s.gather([1.5]), TypeError, ["integer"]),
+    (lambda s: s.sample(0), ValueError, ["batch_size"]),
+    (lambda s: s.sample(1000, replace=False), mr.NotSampleableError, ["1000", "distinct", "replace=True"]),
+])
+def test_bad_input_changes_nothing(store, call, exc, words):
+    before = _snapshot(store)
+    with pytest.raises(exc) as info:
+        call(store)
+    for w in words:
+        assert w in str(info.value), f"{w!r} not in {info.value}"
+    _same(before, _snapshot(store))
+    store.step(1, 1.0, _frame(99), True, False, lp=1.0)  # still writable
+    assert store.sample(4).obs.shape == (4, 2, 4, 4)
+
+
+def test_step_before_reset_and_after_end(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,), obs_dtype="float32")
+    with pytest.raises(mr.EpisodeStateError, match=r"reset\(obs\) first"):
+        s.step(0, 0.0, np.zeros(2, np.float32), False, False)
+    with pytest.raises(mr.EpisodeStateError, match="before the first reset"):
+        s.current_obs()
+    s.reset(np.zeros(2, np.float32))
+    s.step(0, 0.0, np.ones(2, np.float32), False, True)
+    with pytest.raises(mr.EpisodeStateError, match="episode ended"):
+        s.step(0, 0.0, np.ones(2, np.float32), False, False)
+    s.reset(np.zeros(2, np.float32))
+    s.step(0, 0.0, np.ones(2, np.float32), False, False)
+    assert s.id_range == (0, 2)
+    s.close()
+
+
+def test_sampling_an_empty_store(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,), n_step=3)
+    with pytest.raises(mr.NotSampleableError, match="no sampleable transitions"):
+        s.sample(1)
+    s.reset(np.zeros(2, np.uint8))
+    s.step(0, 0.0, np.ones(2, np.uint8), False, False)
+    with pytest.raises(mr.NotSampleableError, match="window"):
+        s.sample(1)  # the only transition's 3-step window is still open
+    s.step(0, 0.0, np.ones(2, np.uint8), True, False)
+    assert len(s) == 2 and s.sample(3).index.tolist()
+    s.close()
+
+
+def test_vector_batch_sizes(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,), num_envs=3, chunk_size=6)
+    with pytest.raises(ValueError, match=r"\(3, 2\).*num_envs=3"):
+        s.reset(np.zeros((2, 2), np.uint8))
+    s.reset(np.zeros((3, 2), np.uint8))
+    good = dict(action=np.zeros(3, np.int64), reward=np.zeros(3), next_obs=np.ones((3, 2), np.uint8),
+                terminated=np.zeros(3, bool), truncated=np.zeros(3, bool))
+    for name, bad in [("action", np.zeros(2, np.int64)), ("reward", np.zeros(4)),
+                      ("next_obs", np.ones((2, 2), np.uint8)), ("terminated", np.zeros(2, bool)),
+                      ("truncated", np.zeros((3, 1), bool))]:
+        with pytest.raises(ValueError, match=name):
+            s.step(**dict(good, **{name: bad}))
+    assert s.id_range == (0, 0)
+    s.step(**good)
+    assert s.id_range == (0, 3)
+    s.close()
+
+
+def test_read_only_store_refuses_writes(tmp_path, store):
+    store.close()
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")
+    before = _snapshot(r)
+    for call in (lambda: r.reset(_frame()), lambda: r.step(0, 1.0, _frame(), False, False, lp=0.0), r.commit):
+        with pytest.raises(mr.ReadOnlyStoreError, match="mode='r+'"):
+            call()
+    _same(before, _snapshot(r))
+    r.close()
+
+
+def test_create_on_non_empty_directory(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not empty"):
+        mr.ReplayStore.create(tmp_path / "d", capacity=10, obs_shape=(2,))
+    assert os.listdir(tmp_path / "d") == ["notes.txt"]
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        mr.ReplayStore.create(tmp_path / "f", capacity=10, obs_shape=(2,))
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(capacity=0), ["capacity", ">= 1"]),
+    (dict(obs_shape=(0, 3)), ["obs_shape", "positive"]),
+    (dict(obs_dtype="U4"), ["obs_dtype"]),
+    (dict(stack=0), ["stack"]),
+    (dict(n_step=1.5), ["n_step", "int"]),
+    (dict(gamma=1.5), ["gamma"]),
+    (dict(pad="edge"), ["pad", "'zeros' or 'first'"]),
+    (dict(num_envs=3, chunk_size=10), ["chunk_size", "multiple of num_envs=3", "12"]),
+    (dict(extras={"reward": ((), "float32")}), ["reserved"]),
+    (dict(extras={"x": "float32"}), ["(shape, dtype)"]),
+    (dict(prioritized={"alpha": 0.6}), ["mr.Prioritized"]),
+    (dict(capacity=1_000_000, chunk_size=64), ["chunk_size=64", "memory", "chunk_size >= "]),
+    (dict(read_threads="auto"), ["read_threads", "int >= 1", "'auto'"]),
+    (dict(read_threads=0), ["read_threads", "int >= 1", "got 0"]),
+])
+def test_create_arguments_are_validated(tmp_path, kw, words):
+    args = dict(capacity=10, obs_shape=(2,))
+    args.update(kw)
+    with pytest.raises((ValueError, TypeError)) as info:
+        mr.ReplayStore.create(tmp_path / "s", **args)
+    for w in words:
+        assert w in str(info.value)
+    assert not (tmp_path / "s").exists()
+
+
+def test_open_refuses_a_bad_read_threads(store):
+    store.commit()
+    for bad in ("auto", 0, 2.5, True):
+        with pytest.raises(ValueError, match="read_threads: expected None"):
+            mr.ReplayStore.open(store.path, mode="r", read_threads=bad)
+
+
+def test_open_foreign_or_newer_directory(tmp_path, store):
+    with pytest.raises(mr.StoreNotFoundError):
+        mr.ReplayStore.open(tmp_path / "nope")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "data.bin").write_bytes(b"\0" * 10)
+    with pytest.raises(mr.NotAStoreError, match="not an mmreplay store"):
+        mr.ReplayStore.open(tmp_path / "other")
+    store.close()
+    path = tmp_path / "s" / "manifest.json"
+    doc = json.loads(path.read_text())
+    doc["format_version"] = 99
+    path.write_text(json.dumps(doc))
+    with pytest.raises(mr.FormatVersionError, match="version 99"):
+        mr.ReplayStore.open(tmp_path / "s")
+
+
+def test_use_after_close(store):
+    store.close()
+    store.close()  # idempotent
+    with pytest.raises(mr.StoreClosedError, match="closed"):
+        store.sample(1)
+    with pytest.raises(mr.StoreClosedError):
+        len(store)
+
+
+def test_second_writer_is_refused(tmp_path, store):
+    with pytest.raises(mr.StoreLockedError, match="already open for writing"):
+        mr.ReplayStore.open(tmp_path / "s", mode="r+")
+    with mr.ReplayStore.open(tmp_path / "s", mode="r") as r:
+        assert r.id_range == (0, 0)  # the reader sees the last commit (create's empty store)
+
+
+def test_create_on_a_plain_directory_says_it_is_not_a_store(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="not an mmreplay store; give a new or empty directory") as info:
+        mr.ReplayStore.create(tmp_path, capacity=10, obs_shape=(2,))
+    assert "ReplayStore.open" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["notes.txt"]  # nothing was added
+
+
+def test_create_on_a_store_points_to_open(tmp_path):
+    mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,)).close()
+    with pytest.raises(ValueError, match=r"already holds an mmreplay store; continue it with ReplayStore.open"):
+        mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,))
