@@ -219,6 +219,7 @@ class _Pending:
         self.action_dtype, self.action_dim = action_dtype, action_dim
         self.last: list[bytes | None] = [None] * n_envs
         self.frames = np.zeros((n_envs, self.rows, *frame_shape), obs_dtype)
+        self.frames_mv = self.frames.reshape(-1).data.cast("B")  # the same memory, as bytes
         self.count = [0] * n_envs
         self.first = np.zeros((n_envs, *frame_shape), obs_dtype)
         self.started = [False] * n_envs  # env i's block starts an episode: reset() with first[i] before it
@@ -310,6 +311,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
             raise ValueError("n_steps > 1 needs stable-baselines3 >= 2.7 (its samples carry discounts); upgrade it"
                              " or pass n_steps=1")
         self.layout = FrameLayout.detect(observation_space, frame_stack)
+        # add()'s short path (_add_step) serves one env whose frames are a reshape of its observation
+        self._fast = self.n_envs == 1 and (self.layout.stack == 1 or self.layout.axis == "first")
         self._obs_dtype = np.dtype(observation_space.dtype)
         self._action_dtype = np.dtype(self._maybe_cast_dtype(action_space.dtype))
         self._pad = pad
@@ -381,6 +384,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
     # -- SB3's calls --------------------------------------------------------------------------------------
     def add(self, obs: np.ndarray, next_obs: np.ndarray, action: np.ndarray, reward: np.ndarray,
             done: np.ndarray, infos: list[dict[str, Any]] | dict[str, Any]) -> None:
+        if self._fast and self._add_step(obs, next_obs, action, reward, done, infos):
+            return
         n, lay = self.n_envs, self.layout
         f_obs, f_next = self._frames_arg(obs, "obs"), self._frames_arg(next_obs, "next_obs")
         act = np.asarray(action)
@@ -476,6 +481,58 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if self.pos == self.buffer_size:
             self.full = True
             self.pos = 0
+
+    def _add_step(self, obs: Any, next_obs: Any, action: Any, reward: Any, done: Any, infos: Any) -> bool:
+        """``add`` of the common case, with fewer calls: one env (``_fast``) whose episode goes on (``obs``
+        continues its last ``next_obs``, ``done`` false), numpy arrays of the stored dtypes, C-contiguous
+        observations. False, having changed nothing, for anything else: ``add``'s general path then checks
+        it (and says what is wrong).
+
+        The checks are ``add``'s: obs's bytes equal the env's last next_obs (compared in place, not
+        copied), next_obs's older frames equal obs's newer ones, the reward is finite; what is kept is the
+        same (next_obs copied once, its newest frame into the pending block)."""
+        handle = self._handle
+        if (handle is None or type(obs) is not np.ndarray or type(next_obs) is not np.ndarray
+                or type(action) is not np.ndarray or type(reward) is not np.ndarray or type(done) is not np.ndarray
+                or done.size != 1 or done.item() or reward.size != 1 or action.size != self.action_dim
+                or (self.handle_timeout_termination and (type(infos) is not list or len(infos) != 1))):
+            return False
+        pend = handle.pending
+        last = pend.last[0] if pend is not None else None
+        dtype = self._obs_dtype
+        if (last is None or obs.dtype != dtype or next_obs.dtype != dtype or len(last) != obs.nbytes
+                or next_obs.nbytes != obs.nbytes or not obs.flags.c_contiguous):
+            return False
+        obs_b = obs.data.cast("B")
+        if not last.startswith(obs_b):  # a new episode starts
+            return False
+        r = reward.astype(np.float32, copy=False).item()
+        act = action.astype(self._action_dtype, copy=False).reshape(-1).tolist()  # (may raise: nothing changed yet)
+        if not math.isfinite(r):
+            return False
+        next_b = next_obs.tobytes()
+        frame = len(next_b) // self.layout.stack  # bytes of one frame: obs's newer frames start there
+        if frame != len(next_b) and not next_b.startswith(obs_b[frame:]):
+            return False
+        store = handle.store
+        if store.closed:
+            return False
+        assert pend is not None
+        c = pend.count[0]
+        pend.frames_mv[c * frame:(c + 1) * frame] = memoryview(next_b)[-frame:]  # the newest frame
+        pend.count[0] = c + 1
+        pend.actions[0].append(act)
+        pend.rewards[0].append(r)
+        pend.ends[0].append(0)
+        pend.last[0] = next_b
+        if c + 1 == pend.rows:
+            pend.flush_env(store, 0)
+        handle.added_since_pair += 1
+        self.pos += 1
+        if self.pos == self.buffer_size:
+            self.full = True
+            self.pos = 0
+        return True
 
     def _frames_arg(self, value: Any, what: str) -> np.ndarray:
         """``obs``/``next_obs`` as frames ``(n_envs, stack, *frame_shape)`` of the observation dtype (a view when
@@ -639,6 +696,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         generation = state.pop("_generation", None)
         last = state.pop("_next")
         self.__dict__.update(state)
+        self._fast = self.n_envs == 1 and (self.layout.stack == 1 or self.layout.axis == "first")
         self._handle = None
         if path is None:
             return

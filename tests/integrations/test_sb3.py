@@ -333,6 +333,39 @@ def test_termination_with_the_next_episodes_stack_as_next_obs(sb3, spaces, tmp_p
             assert np.array_equal(nxt[:3], a.frames[a.T - 3:a.T]) and np.array_equal(nxt[3], b.frames[0])
 
 
+@pytest.mark.parametrize("pad, style", [("zeros", "sb3"), ("first", "cleanrl")])
+def test_short_add_path_stores_what_the_general_one_does(sb3, spaces, tmp_path, monkeypatch, pad, style):
+    """add() of one env whose episode goes on takes a short path (_add_step); the same adds through the
+    general path alone leave the same store: the same transitions, ids, episodes and pending stacks."""
+    monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", 5)
+    rng = np.random.default_rng(3)
+    streams = [atari_segments(1, 8, rng)]
+    steps = sum(s.T for s in streams[0]) - 2
+    bufs, short = [], []
+    for fast in (True, False):
+        buf = sb3.ReplayBuffer(5000, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cpu",
+                               n_steps=2, gamma=GAMMA, handle_timeout_termination=style == "sb3",
+                               path=tmp_path / f"s{fast}", chunk_size=64)
+        buf._fast = fast
+        step = buf._add_step
+        monkeypatch.setattr(buf, "_add_step", lambda *a, _step=step: short.append(_step(*a)) or short[-1])
+        feed(buf, streams, 4, pad, "first", style, steps, 2, GAMMA)
+        bufs.append(buf)
+    assert short.count(True) > steps // 2 and len(short) == steps  # (the general path's buffer never asks)
+    try:
+        a, b = (x.store for x in bufs)
+        assert a.id_range == b.id_range == (0, steps) and len(a.episodes()) == len(b.episodes())
+        ids = a.sampleable_ids()
+        assert np.array_equal(ids, b.sampleable_ids()) and ids.size > 100
+        ga, gb = a.gather(ids), b.gather(ids)
+        for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount"):
+            assert np.array_equal(getattr(ga, name), getattr(gb, name)), name
+        assert bufs[0]._handle.pending.last == bufs[1]._handle.pending.last
+    finally:
+        for buf in bufs:
+            buf.close(commit=False)
+
+
 class _closing:
     def __init__(self, buf):
         self.buf = buf

@@ -327,7 +327,7 @@ def test_real_frames_of_every_game_decode_side_by_side():
 
 
 def atari_frames_of(game: str) -> np.ndarray:
-    from compression_helpers import atari_frames
+    from tests._support.compression import atari_frames
 
     return atari_frames(game)
 
