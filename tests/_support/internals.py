@@ -109,3 +109,16 @@ def sb3_block_rows(monkeypatch: Any, rows: int) -> None:
     from mmreplay import sb3
 
     monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", rows)
+
+
+def sb3_short_adds(monkeypatch: Any, buf: Any, enabled: bool, taken: list[bool]) -> None:
+    """Whether ``buf.add`` may take its short path for one env (``ReplayBuffer._add_step``); each time it is
+    asked, ``taken`` gets whether it took the add."""
+    buf._fast = enabled
+    step = buf._add_step
+    monkeypatch.setattr(buf, "_add_step", lambda *a: taken.append(step(*a)) or taken[-1])
+
+
+def sb3_last_next_obs(buf: Any) -> list[bytes | None]:
+    """Per env, the last ``next_obs`` the buffer was given (what the next ``obs`` must continue)."""
+    return list(buf._handle.pending.last)

@@ -337,7 +337,7 @@ def test_termination_with_the_next_episodes_stack_as_next_obs(sb3, spaces, tmp_p
 def test_short_add_path_stores_what_the_general_one_does(sb3, spaces, tmp_path, monkeypatch, pad, style):
     """add() of one env whose episode goes on takes a short path (_add_step); the same adds through the
     general path alone leave the same store: the same transitions, ids, episodes and pending stacks."""
-    monkeypatch.setattr(sb3._Pending, "BLOCK_ROWS", 5)
+    internals.sb3_block_rows(monkeypatch, 5)
     rng = np.random.default_rng(3)
     streams = [atari_segments(1, 8, rng)]
     steps = sum(s.T for s in streams[0]) - 2
@@ -346,9 +346,7 @@ def test_short_add_path_stores_what_the_general_one_does(sb3, spaces, tmp_path, 
         buf = sb3.ReplayBuffer(5000, spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6), device="cpu",
                                n_steps=2, gamma=GAMMA, handle_timeout_termination=style == "sb3",
                                path=tmp_path / f"s{fast}", chunk_size=64)
-        buf._fast = fast
-        step = buf._add_step
-        monkeypatch.setattr(buf, "_add_step", lambda *a, _step=step: short.append(_step(*a)) or short[-1])
+        internals.sb3_short_adds(monkeypatch, buf, fast, short)
         feed(buf, streams, 4, pad, "first", style, steps, 2, GAMMA)
         bufs.append(buf)
     assert short.count(True) > steps // 2 and len(short) == steps  # (the general path's buffer never asks)
@@ -360,7 +358,7 @@ def test_short_add_path_stores_what_the_general_one_does(sb3, spaces, tmp_path, 
         ga, gb = a.gather(ids), b.gather(ids)
         for name in ("obs", "action", "reward", "next_obs", "terminated", "truncated", "discount"):
             assert np.array_equal(getattr(ga, name), getattr(gb, name)), name
-        assert bufs[0]._handle.pending.last == bufs[1]._handle.pending.last
+        assert internals.sb3_last_next_obs(bufs[0]) == internals.sb3_last_next_obs(bufs[1])
     finally:
         for buf in bufs:
             buf.close(commit=False)
