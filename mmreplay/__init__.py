@@ -4,7 +4,7 @@
 >>> store = mr.ReplayStore.create("replay", capacity=1_000_000, obs_shape=(84, 84), stack=4, n_step=3)
 """
 
-from .batch import Batch
+from .core.snapshot import prune_snapshots
 from .datasets import DatasetError, DatasetNotFoundError, ExportResult, export, import_dataset
 from .errors import (
     CorruptStoreError,
@@ -21,9 +21,9 @@ from .errors import (
     StoreNotFoundError,
 )
 from .options import Prioritized, RateLimit
+from .reading.batch import Batch
+from .reading.sequence_batch import SequenceBatch, sequence_priority
 from .sampling.sumtree import SumTree
-from .sequence_batch import SequenceBatch, sequence_priority
-from .snapshot import prune_snapshots
 from .store import ReplayStore
 from .verify import verify_store
 from .version import __version__

@@ -35,9 +35,9 @@ import numpy as np
 import ray
 
 from ._inputs import Inputs
-from .batch import Batch
 from .errors import EpisodeStateError, NotSampleableError
 from .options import Schema
+from .reading.batch import Batch
 from .store import ReplayStore
 
 __all__ = ["ReplayActor", "RemoteWriter", "RemoteBatch", "RemoteBatches", "batches"]

@@ -51,8 +51,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"mmreplay.sb3 needs stable-baselines3 ({exc}): pip install 'mmreplay[sb3]'") from exc
 
-from .batch import Batch
 from .errors import StoreClosedError
+from .reading.batch import Batch
 from .store import ReplayStore
 
 __all__ = ["ReplayBuffer", "FrameLayout"]

@@ -21,9 +21,8 @@ from typing import Any, TypeVar, cast
 import numpy as np
 
 from . import _inputs
-from .batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
-from .drawing import DrawState
-from .durability import (
+from .core.drawing import DrawState
+from .core.durability import (
     CommittedParts,
     Durability,
     create_store,
@@ -32,29 +31,35 @@ from .durability import (
     read_consistent,
     restore_validity,
 )
-from .episodes import EpisodeSteps, EpisodeTable, episode_frames, episode_steps
+from .core.episodes import EpisodeSteps, EpisodeTable, episode_frames, episode_steps
+from .core.log import ChunkLog
+from .core.plan import Plan
+from .core.ratelimit import RateLimiter, StoreLimit, store_limiter
+from .core.restore import open_log
+from .core.sequences import SequencePlan
+from .core.statefiles import StateDir
+from .core.writer import EpisodeWriter
 from .errors import (
     NotAStoreError,
     ReadOnlyStoreError,
     StoreClosedError,
 )
-from .log import ChunkLog
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
-from .plan import Plan
-from .prefetch import BatchIterator, DrawnBatch
-from .ratelimit import RateLimiter, StoreLimit, store_limiter
-from .reader import FrameReader, PostedStacks
-from .restore import open_log
+from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
+from .reading.prefetch import BatchIterator, DrawnBatch
+from .reading.reader import FrameReader, PostedStacks
+from .reading.sequence_batch import (
+    FrameSequenceBatch,
+    SequenceBatch,
+    assemble_sequence_frames,
+    assemble_sequences,
+)
 from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
-from .sequence_batch import FrameSequenceBatch, SequenceBatch, assemble_sequence_frames, assemble_sequences
-from .sequences import SequencePlan
-from .statefiles import StateDir
 from .storage.lock import take_lock
 from .storage.manifest import read_manifest
 from .storage.ring import fault_checked
-from .writer import EpisodeWriter
 
 __all__ = ["ReplayStore"]
 
@@ -566,7 +571,7 @@ class ReplayStore:
     @_serialized
     @fault_checked
     def _table_columns(self) -> dict[str, np.ndarray]:
-        from .tables import transition_columns
+        from .reading.tables import transition_columns
 
         self._check_open()
         self._update_validity()
@@ -579,14 +584,14 @@ class ReplayStore:
         ``episode`` (its row in ``episodes()``), ``step`` (t within the episode), ``env``, ``action``,
         ``reward``, ``terminated``, ``truncated``, ``sampleable``, ``priority`` (prioritized stores) and
         the scalar extras; no frames. Needs pyarrow (``pip install 'mmreplay[tables]'``)."""
-        from .tables import arrow_table
+        from .reading.tables import arrow_table
 
         return arrow_table(self._table_columns())
 
     def to_pandas(self) -> Any:
         """``to_arrow()``'s columns as a ``pandas.DataFrame`` (needs pandas, not pyarrow:
         ``pip install 'mmreplay[tables]'``)."""
-        from .tables import pandas_frame
+        from .reading.tables import pandas_frame
 
         return pandas_frame(self._table_columns())
 

@@ -43,8 +43,8 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError("mmreplay.torch needs PyTorch: pip install 'mmreplay[torch]'") from exc
 
-from .batch import Batch
-from .sequence_batch import SequenceBatch
+from .reading.batch import Batch
+from .reading.sequence_batch import SequenceBatch
 from .store import ReplayStore
 
 __all__ = ["CudaCopier", "DeviceBatches", "DeviceFeed", "ReplayDataset", "TensorBatch", "TensorSequenceBatch",
@@ -270,7 +270,7 @@ def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: in
 # -- the device feed ---------------------------------------------------------------------------------------
 #
 # Batches reach the device in three steps, all but the last in the thread that assembles the batch (the
-# store's prefetch thread while the learner is away, see prefetch.py):
+# store's prefetch thread while the learner is away, see reading/prefetch.py):
 #   1. the batch's distinct frames are decoded by the native kernels straight into a page-locked host
 #      buffer of a ring (``batches(frames="distinct", frame_buffer=...)``), its small columns packed behind
 #      them (a few KB);

@@ -18,11 +18,11 @@ import os
 
 import numpy as np
 
+from .core.layout import START, stream_offsets, stream_runs
+from .core.prefixcrc import crc32_rows, stream_extents
+from .core.statefiles import check_state_files
 from .errors import MMReplayError
-from .layout import START, stream_offsets, stream_runs
 from .options import Schema
-from .prefixcrc import crc32_rows, stream_extents
-from .statefiles import check_state_files
 from .storage import framefile, npyfile
 from .storage.manifest import read_manifest
 from .storage.ring import chunk_file, columns_for, compressed_file, crc32_file_data

@@ -12,7 +12,7 @@ import tomllib
 
 import pytest
 
-from mmreplay.cli import build_parser
+from mmreplay.cli.main import build_parser
 from tests._support.helpers import require
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

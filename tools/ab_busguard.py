@@ -18,9 +18,9 @@ import numpy as np
 
 import mmreplay as mr
 from mmreplay.bench import fill, frame_pool, warm
+from mmreplay.core.writer import EpisodeWriter
 from mmreplay.native import busguard
 from mmreplay.store import ReplayStore
-from mmreplay.writer import EpisodeWriter
 
 CHECKED = [(ReplayStore, "_assemble"), (EpisodeWriter, "step")]
 

@@ -37,11 +37,11 @@ from _report import table, write_section  # noqa: E402
 from bench_cold import drop_cache  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.batch import nstep_returns_numpy  # noqa: E402
 from mmreplay.bench import fill, frame_pool, warm  # noqa: E402
 from mmreplay.native import plan  # noqa: E402
 from mmreplay.native.reference import priority_update_numpy  # noqa: E402
-from mmreplay.reader import native_kernels  # noqa: E402
+from mmreplay.reading.batch import nstep_returns_numpy  # noqa: E402
+from mmreplay.reading.reader import native_kernels  # noqa: E402
 from mmreplay.sampling.numpy_sumtree import NumpySumTree  # noqa: E402
 from mmreplay.sampling.sumtree import SumTree  # noqa: E402
 

@@ -82,7 +82,7 @@ class SealerClock:
     wraps ``ChunkLog._seal``)."""
 
     def __init__(self) -> None:
-        from mmreplay.log import ChunkLog
+        from mmreplay.core.log import ChunkLog
 
         self.cpu: dict[str, list[float]] = {}
         real = ChunkLog._seal
@@ -232,7 +232,7 @@ def cgroup_available() -> str | None:
 
 def reader(path: str, seconds: float, batches: int) -> None:
     """The reader process (``--reader``): opens the store, samples, prints JSON."""
-    from mmreplay.reader import native_kernels
+    from mmreplay.reading.reader import native_kernels
 
     kernels = native_kernels()  # numba's import and cached machine code: once per process, not per batch
     if kernels is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..episodes import EpisodeSteps, EpisodeTable
+from ..core.episodes import EpisodeSteps, EpisodeTable
 from ..options import Schema
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore

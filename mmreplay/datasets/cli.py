@@ -22,7 +22,7 @@ def _suffixes(text: str) -> list[int]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..cli import note, out, progress, require_store
+    from ..cli.main import note, out, progress, require_store
     from . import export
 
     require_store(args.path)
@@ -82,7 +82,7 @@ def _final_observations_dropped(path: str, episodes: int) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
-    from ..cli import out, progress
+    from ..cli.main import out, progress
     from . import detect_format, import_dataset
 
     _check_import_paths(args)
@@ -144,7 +144,7 @@ def _check_import_paths(args: argparse.Namespace) -> None:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    from ..cli import positive_int, unit_float
+    from ..cli.main import positive_int, unit_float
 
     e = sub.add_parser("export", parents=[common], help="write a store's complete episodes as a dataset",
                        description="Write the complete episodes of a store (as of its last commit) as a zarr v3"

@@ -3,7 +3,7 @@
 For each sampled transition slot the kernel finds the ring slots of its observation stack, its
 n-step window and its next stack, the window length ``m`` (up to and including the first episode
 end), whether the episode terminated or was truncated inside it, and which stack positions are
-padding (before the episode's first stored frame). It follows ``Index.plan`` (mmreplay/index.py)
+padding (before the episode's first stored frame). It follows ``Index.plan`` (mmreplay/core/index.py)
 step for step, including its one global choice: when any row's span of frame rows ``stream_row-k ..
 stream_row+n-1`` leaves its chunk, every row's span is computed through (stream, row) arithmetic with the
 rows clamped to the retained, written ones; otherwise each span is the row's slot plus offsets.
@@ -22,7 +22,7 @@ from numba import njit
 
 from ._mem import prefetch
 
-# Flag bits (mmreplay/index.py; the layer rules keep this package from importing it, a test checks
+# Flag bits (mmreplay/core/index.py; the layer rules keep this package from importing it, a test checks
 # that the values agree).
 TERMINATED = 2
 MISSING = 8

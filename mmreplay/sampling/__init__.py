@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..index import Index
+from ..core.index import Index
 from ..options import Schema
 from .base import Priorities, Sampler
 from .prioritized import PrioritizedSampler

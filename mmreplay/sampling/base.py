@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..statefiles import StateDir
+from ..core.statefiles import StateDir
 from .subset import Accept, Pool
 
 

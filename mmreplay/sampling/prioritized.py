@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from ..core.index import Index
+from ..core.statefiles import StateDir
 from ..errors import CorruptStoreError, NotSampleableError
-from ..index import Index
 from ..native.priorities import BAD_PRIORITY, NEVER_ISSUED
 from ..options import Prioritized
-from ..statefiles import StateDir
 from .subset import Accept, Pool, propose_and_accept
 from .sumtree import SumTree
 from .uniform import require_sampleable

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.index import Index
+from ..core.statefiles import StateDir
 from ..errors import NotSampleableError
-from ..index import Index
-from ..statefiles import StateDir
 from .subset import Accept, Pool, propose_and_accept
 
 

@@ -14,7 +14,7 @@ compressed frame file (``framefile``), mapped read-only into a second reserved r
 of ``cstride`` bytes (the largest such file, in whole pages) per ring position. ``frame_kind[pos]``
 says where a position's frames are read from (``KIND_RAW``, ``KIND_LZ4``, or ``KIND_NONE``); the
 obs column of a compressed chunk is not mapped at all, so frames must be read through
-``FrameReader`` (``reader.py``), never through ``arrays["obs"]`` directly.
+``FrameReader`` (``reading/reader.py``), never through ``arrays["obs"]`` directly.
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ def read_without_numba(store: mr.ReplayStore) -> None:
 def hold_seals(gate: threading.Event) -> None:
     """Every chunk seal of this process (the log's background thread) waits for ``gate`` (up to 60 s) before
     it starts. For a process of its own: it is not undone."""
-    from mmreplay.log import ChunkLog
+    from mmreplay.core.log import ChunkLog
 
     real_seal = ChunkLog._seal
 

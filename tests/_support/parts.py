@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmreplay.index import END, START, Geometry, Index
+from mmreplay.core.index import END, START, Geometry, Index
 
 RS = 8  # rows per stream per chunk
 

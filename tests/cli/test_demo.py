@@ -6,8 +6,8 @@ import importlib.util
 import os
 import tempfile
 
-from mmreplay import demo
-from mmreplay.cli import main
+from mmreplay.cli import demo
+from mmreplay.cli.main import main
 
 
 def run(tmp_path, capsys, *args):

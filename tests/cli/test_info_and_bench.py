@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.cli import main
+from mmreplay.cli.main import main
 
 
 def _prioritized_store(path, beta_after):

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 
 import mmreplay as mr
-from mmreplay.cli import main
+from mmreplay.cli.main import main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from mmreplay.batch import Batch
-from mmreplay.prefetch import BatchIterator, DrawnBatch
+from mmreplay.reading.batch import Batch
+from mmreplay.reading.prefetch import BatchIterator, DrawnBatch
 
 
 def _batch(i: int) -> Batch:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.bufferpool import FramePool
+from mmreplay.reading.bufferpool import FramePool
 
 U8 = np.dtype(np.uint8)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mmreplay.core.index import TERMINATED, TRUNCATED
 from mmreplay.errors import EpisodeStateError, NotSampleableError
-from mmreplay.index import TERMINATED, TRUNCATED
 from tests._support.parts import RS, Feed
 
 

@@ -8,10 +8,10 @@ import stat
 import numpy as np
 import pytest
 
+from mmreplay.core.log import ChunkLog
+from mmreplay.core.restore import open_log
 from mmreplay.errors import CorruptStoreError
-from mmreplay.log import ChunkLog
 from mmreplay.options import Schema, initial_positions
-from mmreplay.restore import open_log
 from mmreplay.storage.ring import chunk_file, chunk_name
 
 

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from mmreplay.layout import home_extents, stream_offsets, stream_runs
+from mmreplay.core.layout import home_extents, stream_offsets, stream_runs
+from mmreplay.core.prefixcrc import stream_extents
 from mmreplay.options import Schema, extent_rows
-from mmreplay.prefixcrc import stream_extents
 from tests._support.helpers import data_dir
 from tests._support.hostile import forge
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmreplay.bufferpool import FramePool
-from mmreplay.reader import FrameReader
+from mmreplay.reading.bufferpool import FramePool
+from mmreplay.reading.reader import FrameReader
 
 
 @settings(max_examples=40, deadline=None)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mmreplay.core.index import TERMINATED
 from mmreplay.errors import NotSampleableError
-from mmreplay.index import TERMINATED
 from mmreplay.options import Prioritized
 from mmreplay.sampling import PrioritizedSampler, UniformSampler
 from mmreplay.sampling.subset import budget

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mmreplay.core.index import TERMINATED
+from mmreplay.core.statefiles import StateDir
 from mmreplay.errors import NotSampleableError
-from mmreplay.index import TERMINATED
 from mmreplay.options import Prioritized
 from mmreplay.sampling import PrioritizedSampler, UniformSampler
-from mmreplay.statefiles import StateDir
 from tests._support.parts import Feed
 
 

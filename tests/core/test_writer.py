@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from mmreplay._inputs import Inputs
+from mmreplay.core.log import ChunkLog
+from mmreplay.core.writer import EpisodeWriter
 from mmreplay.errors import EpisodeStateError
-from mmreplay.log import ChunkLog
 from mmreplay.options import Schema, initial_positions
-from mmreplay.writer import EpisodeWriter
 
 
 class _Quiet:

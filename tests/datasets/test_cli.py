@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.cli import main
+from mmreplay.cli.main import main
 from mmreplay.datasets import describe
 
 

@@ -353,7 +353,7 @@ def test_cuda_slow_consumer_on_a_busy_stream(torch, mt, atari_store, cuda):
 def test_reader_gather_into_a_callers_array():
     """``FrameReader.gather(slots, out=)`` reads into the caller's array (and returns it); a wrong shape, dtype
     or layout is refused before anything is read."""
-    from mmreplay.reader import FrameReader
+    from mmreplay.reading.reader import FrameReader
 
     frames = np.random.default_rng(0).integers(0, 255, (50, 6, 5), dtype=np.uint8)
     reader = FrameReader(frames, threads=2)

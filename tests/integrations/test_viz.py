@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay import viz
-from mmreplay.cli import main
+from mmreplay.cli import viz
+from mmreplay.cli.main import main
 from mmreplay.synthetic import atari_like_episodes
 from tests._support.helpers import require
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 import mmreplay as mr
 from mmreplay.native import crew
 from mmreplay.native.codes import FLAT, PAIRS
-from mmreplay.reader import FrameReader
-from mmreplay.readpolicy import WayChooser, cgroup_cpu_quota, usable_cpus
+from mmreplay.reading.reader import FrameReader
+from mmreplay.reading.readpolicy import WayChooser, cgroup_cpu_quota, usable_cpus
 from tests._support import internals
 from tests._support.crew import atari_store, damaged_slots, damaged_store, finished_by_helpers
 
@@ -271,8 +271,8 @@ def test_one_usable_cpu_means_no_helpers():
     code = textwrap.dedent("""
         import os
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-        from mmreplay.reader import FrameReader
-        from mmreplay.readpolicy import default_threads, usable_cpus
+        from mmreplay.reading.reader import FrameReader
+        from mmreplay.reading.readpolicy import default_threads, usable_cpus
         import numpy as np
         r = FrameReader(np.zeros((4, 8), np.uint8))
         print(usable_cpus(), default_threads(), r.threads, r._crew is None)

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from mmreplay.reader import FrameReader
-from mmreplay.readpolicy import PostGate
+from mmreplay.reading.reader import FrameReader
+from mmreplay.reading.readpolicy import PostGate
 from tests._support import internals
 from tests._support.compression import atari_frames
 from tests._support.crew import atari_store, damaged_slots, damaged_store, finished_by_helpers

@@ -22,7 +22,7 @@ def sample_digest(path: str, expect: str) -> None:
     """A small prioritized store of compressed Atari frames: batches, a prefetching iterator, sequences,
     gathers and a priority update; prints ``digest <sha256>``. ``expect``: which paths this process must take
     (``native``, ``numpy``: no JIT)."""
-    from mmreplay.reader import native_kernels
+    from mmreplay.reading.reader import native_kernels
 
     kernels = native_kernels()
     took = "numpy" if kernels is None else "native"

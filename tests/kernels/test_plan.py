@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from mmreplay import index as index_module
-from mmreplay.batch import assemble, assemble_planned, nstep_returns_numpy
+from mmreplay.core import index as index_module
 from mmreplay.native import plan as native_plan
+from mmreplay.reading.batch import assemble, assemble_planned, nstep_returns_numpy
 from tests._support import internals
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay import cli
+from mmreplay.cli import main as cli
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def _special(path, kind):
 _PROBE = """
 import contextlib, io, json, sys
 import mmreplay as mr
-from mmreplay.cli import main
+from mmreplay.cli.main import main
 out = {}
 for what, path in json.loads(sys.argv[1]):
     try:

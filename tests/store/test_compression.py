@@ -150,7 +150,7 @@ def test_reader_of_an_old_commit_retries_when_raw_frames_vanished(tmp_path, monk
         return _without_checksum(old) if len(calls) <= 2 else doc
 
     monkeypatch.setattr(mr.store, "read_manifest", stale_first)
-    monkeypatch.setattr(mr.durability, "read_manifest", stale_first)  # the readers' retry loop
+    monkeypatch.setattr(mr.core.durability, "read_manifest", stale_first)  # the readers' retry loop
     with mr.ReplayStore.open(path, mode="r") as r:
         assert r.generation == s.generation and len(calls) > 2  # the stale commit failed, the newer one opened
     s.close()
@@ -294,7 +294,7 @@ def test_cold_reads_request_compressed_ranges_and_read_ahead(tmp_path, monkeypat
             fd = os.open(os.path.join(root, f), os.O_RDONLY)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             os.close(fd)
-    from mmreplay.reader import FrameReader
+    from mmreplay.reading.reader import FrameReader
 
     monkeypatch.setattr(FrameReader, "COLD_FAULTS", 0)  # every batch looks cold
     with mr.ReplayStore.open(tmp_path / "lz4", mode="r") as c, mr.ReplayStore.open(tmp_path / "raw", mode="r") as r:

@@ -48,7 +48,7 @@ def test_torch_loader_batches_are_identical(tmp_path):
 
 def test_show_and_stats_pictures_are_identical(tmp_path):
     require("PIL.Image")
-    from mmreplay import viz
+    from mmreplay.cli import viz
 
     c, r = _atari_pair(tmp_path)
     ids = r.sampleable_ids()[::37]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay import durability, snapshot
+from mmreplay.core import durability, snapshot
 from mmreplay.storage import lock
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.ratelimit import INSERTED, SAMPLED_TOTAL
+from mmreplay.core.ratelimit import INSERTED, SAMPLED_TOTAL
 
 SLOT0 = 128  # the counters' offset in ratelimit.npy (a version 1.0 .npy header)
 

@@ -141,7 +141,7 @@ def test_sample_step_and_commit_raise_for_a_file_truncated_under_them(tmp_path):
 _THREADS = _COMMON + r"""
 import threading
 from mmreplay.native import busguard
-from mmreplay.reader import FrameReader
+from mmreplay.reading.reader import FrameReader
 
 FrameReader.SHARE = True  # every read shared with the helper threads
 p = os.path.join(root, "s")

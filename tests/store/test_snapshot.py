@@ -102,19 +102,19 @@ def test_save_while_training_then_replace_atomically(tmp_path):
     first.close()
     run.steps(300)
     # a second save into the same directory writes a new generation beside the old one
-    real_write = mr.durability.write_manifest
+    real_write = mr.core.durability.write_manifest
     calls = []
 
     def failing_write(*a, **k):
         calls.append(a[0])
         raise OSError(errno.EIO, "injected failure while switching the snapshot")
 
-    mr.durability.write_manifest = failing_write
+    mr.core.durability.write_manifest = failing_write
     try:
         with pytest.raises(OSError, match="injected"):
             s.save(tmp_path / "snap")
     finally:
-        mr.durability.write_manifest = real_write
+        mr.core.durability.write_manifest = real_write
     with mr.ReplayStore.open(tmp_path / "snap", mode="r") as still_old:
         assert still_old.id_range == ids1  # the old snapshot is intact and loadable
     s.save(tmp_path / "snap")

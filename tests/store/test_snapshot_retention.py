@@ -9,7 +9,7 @@ import time
 import pytest
 
 import mmreplay as mr
-from mmreplay import snapshot
+from mmreplay.core import snapshot
 from tests._support.hostile import fill, forge
 
 

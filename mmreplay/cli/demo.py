@@ -22,12 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from .bench import disk_bytes, rss_anon_mb
-from .cli import out, positive_int, progress
-from .datasets import export
-from .store import ReplayStore
-from .synthetic import atari_like_episodes
-from .version import __version__
+from ..bench import disk_bytes, rss_anon_mb
+from ..datasets import export
+from ..store import ReplayStore
+from ..synthetic import atari_like_episodes
+from ..version import __version__
+from .main import out, positive_int, progress
 
 ENVS = ("auto", "atari", "cartpole", "synthetic")
 MIN_STEPS = 100  # enough for sample(32) of 3-step transitions
@@ -60,7 +60,7 @@ def _record_gym(kind: str, path: str, capacity: int, steps: int, quiet: bool) ->
     """A random policy on a Gymnasium env, recorded by ``RecordToStore``."""
     import gymnasium as gym
 
-    from .gym import RecordToStore, make_atari
+    from ..gym import RecordToStore, make_atari
 
     if kind == "atari":
         env: Any = make_atari("ALE/Pong-v5", repeat_action_probability=0.0)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .options import extent_rows
+from ..options import extent_rows
 
 __all__ = ["Geometry", "extent_rows", "home_extents", "stream_offsets", "START", "TERMINATED", "TRUNCATED",
            "MISSING", "HEAD_LOST", "DISK_FLAGS", "END", "LOST"]

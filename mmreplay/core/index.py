@@ -24,14 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import EpisodeStateError, NotSampleableError
+from ..native import jit_enabled
+from ..native import plan as native_plan
+from ..native.priorities import priority_update
+from ..native.reference import priority_update_numpy
+from ..native.rng import Pcg64State, draw_slots
 from .episodes import EpisodeTable, episode_table
-from .errors import EpisodeStateError, NotSampleableError
 from .layout import DISK_FLAGS, END, HEAD_LOST, INVALID, LOST, MISSING, START, TERMINATED, TRUNCATED, Geometry
-from .native import jit_enabled
-from .native import plan as native_plan
-from .native.priorities import priority_update
-from .native.reference import priority_update_numpy
-from .native.rng import Pcg64State, draw_slots
 from .plan import Plan, RowMath
 from .sequences import SequencePlan, sequence_fits, sequence_plan
 

@@ -4,9 +4,9 @@ All reads of frames go through ``FrameReader``: ``stacks`` for sampled batches, 
 slot array read for sampling (sequences), ``take`` for anything else (current state, episodes,
 exports). One native kernel per part of a read decodes the frames of compressed chunks and copies
 raw ones (the open chunk, chunks not compressed yet, stores without compression) straight into the
-output buffer; numpy (``np.take``) and numcodecs (``reference_read.py``) do it where numba is missing.
+output buffer; numpy (``np.take``) and numcodecs (``reading/reference_read.py``) do it where numba is missing.
 Outputs come from a ``bufferpool.FramePool``; how a read is made (threads, shared or alone, posted
-ahead) is chosen by ``readpolicy.py``.
+ahead) is chosen by ``reading/readpolicy.py``.
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
+from ..native.codes import FLAT, KIND_LZ4, KIND_RAW, PAIRS
+from ..storage.ring import ChunkRing
+from ..storage.vmem import PAGE, RangeAdvisor, memory_budget
 from .bufferpool import FramePool
-from .native.codes import FLAT, KIND_LZ4, KIND_RAW, PAIRS
 from .readpolicy import ALONE, SHARED, PostGate, WayChooser, default_threads, usable_cpus
 from .reference_read import frame_error, reference_frames
-from .storage.ring import ChunkRing
-from .storage.vmem import PAGE, RangeAdvisor, memory_budget
 
 # whose major page faults tell a cold read: the calling thread's (it reads part of every read, and asking for
 # one thread's counts is cheaper than summing every thread's), or the process's where there is no such call
@@ -60,11 +60,11 @@ def native_kernels() -> tuple[ModuleType, ModuleType | None] | None:
     if not _KERNELS:
         found: tuple[ModuleType, ModuleType | None] | None
         try:
-            from .native import jit_enabled
+            from ..native import jit_enabled
 
             if not jit_enabled():
                 raise ImportError("numba's compiler is disabled")
-            from .native import crew, lz4
+            from ..native import crew, lz4
             found = lz4, (crew if crew.SUPPORTED else None)
         except ImportError:
             found = None
@@ -322,7 +322,7 @@ class FrameReader:
         return out.reshape(slots.shape + self.frames.shape[1:])
 
     def _reference(self, slots: np.ndarray) -> np.ndarray:
-        """Frames at ``slots`` (1-D) decoded one by one with numcodecs (``reference_read.py``)."""
+        """Frames at ``slots`` (1-D) decoded one by one with numcodecs (``reading/reference_read.py``)."""
         assert self._ring is not None
         out = reference_frames(self._ring, slots)
         return out.view(self.frames.dtype).reshape((slots.size,) + self.frames.shape[1:])

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptStoreError
-from .storage.files import fsync_dir, write_npy_atomic
+from ..errors import CorruptStoreError
+from ..storage.files import fsync_dir, write_npy_atomic
 
 STATE_DIR = "state"
 

@@ -24,16 +24,17 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import _inputs, snapshot
+from .. import _inputs
+from ..errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError, StoreIOError
+from ..options import Schema
+from ..sampling import Sampler
+from ..storage.manifest import read_manifest, write_manifest
+from . import snapshot
 from .drawing import DrawState
-from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError, StoreIOError
 from .index import Index
 from .log import ChunkLog
-from .options import Schema
 from .ratelimit import RateLimiter, initial_files
-from .sampling import Sampler
 from .statefiles import STATE_DIR, StateDir, checksums, load_state_file, referenced_files, remove_unreferenced
-from .storage.manifest import read_manifest, write_manifest
 
 T = TypeVar("T")
 

@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
-from .cli import out, progress
-from .native import warmup
+from ..native import warmup
+from .main import out, progress
 
 
 def cmd_warmup(args: argparse.Namespace) -> int:

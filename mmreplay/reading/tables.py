@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from .episodes import EpisodeTable
-from .index import END, TERMINATED, Index
-from .options import Schema
+from ..core.episodes import EpisodeTable
+from ..core.index import END, TERMINATED, Index
+from ..options import Schema
 
 __all__ = ["transition_columns", "arrow_table", "pandas_frame"]
 

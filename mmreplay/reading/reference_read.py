@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import CorruptStoreError
-from .native.codes import E_RECORD, E_UNMAPPED, ERRORS, KIND_LZ4, KIND_RAW
-from .storage import framefile
-from .storage.ring import ChunkRing
+from ..errors import CorruptStoreError
+from ..native.codes import E_RECORD, E_UNMAPPED, ERRORS, KIND_LZ4, KIND_RAW
+from ..storage import framefile
+from ..storage.ring import ChunkRing
 
 
 def reference_frames(ring: ChunkRing, slots: np.ndarray) -> np.ndarray:

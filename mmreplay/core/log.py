@@ -28,14 +28,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
+from ..options import Schema
+from ..storage import npyfile
+from ..storage.manifest import fsync_dir
+from ..storage.ring import ChunkRing, chunk_files, chunk_name
 from .index import Index
 from .layout import Geometry
-from .options import Schema
 from .prefixcrc import PrefixCrc, damage_error, first_damage, stream_extents
-from .storage import npyfile
-from .storage.manifest import fsync_dir
-from .storage.ring import ChunkRing, chunk_files, chunk_name
 
 
 @dataclass
@@ -54,7 +54,7 @@ class ChunkInfo:
                 prefix_crc32: dict[str, list[int]] | None = None) -> dict[str, Any]:
         """The manifest entry; ``fill``: the open chunk's current rows per stream; ``extents``: each
         stream's extents in row order, when not laid out as home sections; ``prefix_crc32``: the open
-        chunk's checksums of those rows (``prefixcrc.py``)."""
+        chunk's checksums of those rows (``core/prefixcrc.py``)."""
         out = {"seq": self.seq, "name": self.name, "first_id": self.first_id, "n_transitions": self.n_transitions,
                "sealed": self.sealed, "crc32": self.crc32, "rows": self.rows if fill is None else fill}
         if extents is not None:
@@ -146,7 +146,7 @@ class ChunkLog:
 
     # -- writing ---------------------------------------------------------------------------------------
     # A row goes into its stream's current extent of the open chunk. A stream whose extent is full takes
-    # another free extent of the chunk; the chunk rolls when none is left (layout.py, FORMAT.md).
+    # another free extent of the chunk; the chunk rolls when none is left (core/layout.py, FORMAT.md).
     @property
     def fill(self) -> np.ndarray:
         """Rows of each stream in the open chunk."""
@@ -418,7 +418,7 @@ class ChunkLog:
         for c in self.chunks:
             c.committed = True
 
-    # -- restoring (``restore.py`` reads the manifest and rebuilds the index; these set the log's side) ----
+    # -- restoring (``core/restore.py`` reads the manifest and rebuilds the index; these set the log's side) ----
     def restore(self, chunks: list[ChunkInfo], rows: np.ndarray, first: np.ndarray, fill: np.ndarray,
                 extents: list[Any], next_id: int, prefix: PrefixCrc | None) -> None:
         """Map the committed ``chunks``, give the index their places and the counters, and set each stream's

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .native import jit_enabled
-from .native.plan import nstep_returns
-from .plan import Plan
+from ..core.plan import Plan
+from ..native import jit_enabled
+from ..native.plan import nstep_returns
 from .reader import FrameReader, PostedStacks
 
 __all__ = ["Batch", "FrameBatch"]

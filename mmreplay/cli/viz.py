@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from .batch import Batch
-from .cli import out, output_file, positive_int, require_store
-from .episodes import EpisodeTable
-from .errors import NotSampleableError
-from .store import ReplayStore
+from ..core.episodes import EpisodeTable
+from ..errors import NotSampleableError
+from ..reading.batch import Batch
+from ..store import ReplayStore
+from .main import out, output_file, positive_int, require_store
 
 __all__ = ["stack_padding", "show_image", "StoreStats", "store_stats", "stats_text", "stats_image"]
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from .bench import disk_bytes
-from .cli import out, positive_int, require_store
-from .errors import NotAStoreError, StoreNotFoundError
-from .options import Schema
-from .storage.manifest import read_manifest
-from .store import ReplayStore
-from .verify import verify_store
+from ..bench import disk_bytes
+from ..errors import NotAStoreError, StoreNotFoundError
+from ..options import Schema
+from ..storage.manifest import read_manifest
+from ..store import ReplayStore
+from ..verify import verify_store
+from .main import out, positive_int, require_store
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -26,7 +26,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         s = ReplayStore.open(args.path, mode="r")
     except NotAStoreError:
         # a dataset (zarr, HDF5, Minari, DQN replay) rather than a store
-        from .datasets import DatasetError, describe
+        from ..datasets import DatasetError, describe
 
         try:
             lines = describe(args.path)
@@ -109,7 +109,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import MIN_CAPACITY, quick_bench
+    from ..bench import MIN_CAPACITY, quick_bench
 
     if args.capacity < MIN_CAPACITY:
         raise ValueError(f"--capacity {args.capacity:,}: expected at least {MIN_CAPACITY:,} transitions. A smaller"

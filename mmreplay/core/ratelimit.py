@@ -53,12 +53,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
-from .native import busguard
-from .native.busguard import COUNT, counter
-from .options import RateLimit, Schema
+from ..errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
+from ..native import busguard
+from ..native.busguard import COUNT, counter
+from ..options import RateLimit, Schema
+from ..storage.files import create_exclusive, open_regular
 from .snapshot import SNAPSHOT_KEY
-from .storage.files import create_exclusive, open_regular
 
 __all__ = ["RateLimiter", "StoreLimit", "store_limiter", "COUNTERS", "READERS", "initial_files"]
 

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .errors import NotSampleableError
+from ..errors import NotSampleableError
+from ..native import jit_enabled
+from ..native.rng import Pcg64State
+from ..reading.prefetch import BatchIterator, DrawnBatch
+from ..sampling import Sampler
 from .index import Index
-from .native import jit_enabled
-from .native.rng import Pcg64State
-from .prefetch import BatchIterator, DrawnBatch
-from .sampling import Sampler
 
 T = TypeVar("T")
 

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from ..core.sequences import SequencePlan
 from .batch import FrameBuffer, read_distinct
 from .reader import FrameReader
-from .sequences import SequencePlan
 
 __all__ = ["FrameSequenceBatch", "SequenceBatch", "sequence_priority"]
 

@@ -30,12 +30,12 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ._inputs import Block, Inputs
-from .errors import EpisodeStateError
+from .._inputs import Block, Inputs
+from ..errors import EpisodeStateError
+from ..options import Schema
+from ..storage.ring import fault_checked
 from .layout import END, HEAD_LOST, LOST, MISSING, START, TERMINATED, TRUNCATED
 from .log import ChunkLog
-from .options import Schema
-from .storage.ring import fault_checked
 
 T = TypeVar("T")
 

@@ -18,13 +18,13 @@ import shutil
 import time
 from typing import Any
 
-from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
-from .options import Schema
+from ..errors import MMReplayError, NotAStoreError, StoreNotFoundError
+from ..options import Schema
+from ..storage.files import copy_exclusive
+from ..storage.manifest import MANIFEST, fsync_dir, read_manifest
+from ..storage.ring import chunk_files, chunk_of_file, columns_for
+from ..storage.validate import check_dirs, check_files
 from .statefiles import referenced_files
-from .storage.files import copy_exclusive
-from .storage.manifest import MANIFEST, fsync_dir, read_manifest
-from .storage.ring import chunk_files, chunk_of_file, columns_for
-from .storage.validate import check_dirs, check_files
 
 SNAPSHOT_KEY = "snapshot_of"
 
@@ -140,7 +140,7 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
         fsync_dir(os.path.join(tmp, "chunks"))
         for rel in referenced_files(doc):
             link_or_copy(os.path.join(snapshot_dir, rel), os.path.join(tmp, rel))
-        from .storage.manifest import write_manifest
+        from ..storage.manifest import write_manifest
 
         body = {k: v for k, v in doc.items() if k not in ("format", "format_version", SNAPSHOT_KEY)}
         body["loaded_from"] = {"path": os.path.abspath(snapshot_dir), "generation": doc["generation"],

@@ -61,8 +61,8 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from .plan import Plan
-from .sequences import SequencePlan
+from ..core.plan import Plan
+from ..core.sequences import SequencePlan
 
 T = TypeVar("T")
 

@@ -1,7 +1,7 @@
 """Opening a chunk log from the manifest: the chunk table read and checked, the chunks mapped, the index
 rebuilt from the retained chunks' flags (and id) columns, the open chunk's checksums compared.
 
-``log.py`` keeps the log's own side of it (``ChunkLog.restore``: the mapping, the index's places and
+``core/log.py`` keeps the log's own side of it (``ChunkLog.restore``: the mapping, the index's places and
 counters, the streams' cursors in the open chunk); this module decides what the manifest says and
 whether the files agree with it.
 """
@@ -15,15 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
+from ..options import Schema, initial_positions
+from ..storage.files import copy_exclusive
+from ..storage.manifest import fsync_dir
+from ..storage.ring import columns_for
+from ..storage.validate import check_files
 from .layout import DISK_FLAGS, START
 from .log import ChunkInfo, ChunkLog, RingListener
-from .options import Schema, initial_positions
 from .prefixcrc import PrefixCrc
-from .storage.files import copy_exclusive
-from .storage.manifest import fsync_dir
-from .storage.ring import columns_for
-from .storage.validate import check_files
 
 _NONE = np.empty(0, np.int64)
 

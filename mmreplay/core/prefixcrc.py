@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import CorruptStoreError
+from ..errors import CorruptStoreError
 from .layout import home_extents, stream_runs
 
 __all__ = ["PrefixCrc", "crc32_rows", "damage_error", "first_damage", "stream_extents"]

@@ -12,12 +12,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .errors import MMReplayError, NotAStoreError, StoreNotFoundError
-from .version import __version__
+from ..errors import MMReplayError, NotAStoreError, StoreNotFoundError
+from ..version import __version__
 
 # Modules that add subcommands: each has ``register(subparsers, common_parent_parser)``.
-COMMAND_MODULES = ("mmreplay.demo", "mmreplay.cli_store", "mmreplay.datasets.cli", "mmreplay.viz",
-                   "mmreplay.cli_warmup")
+COMMAND_MODULES = ("mmreplay.cli.demo", "mmreplay.cli.store", "mmreplay.datasets.cli", "mmreplay.cli.viz",
+                   "mmreplay.cli.warmup")
 
 
 def out(text: str = "") -> None:
