@@ -13,6 +13,9 @@ n-step 3):
 - ``prioritized``: ``sample(32)`` + ``update_priorities`` (compressed frames);
 - ``batches``: ``next()`` of ``batches(32, prefetch=2)`` (compressed frames).
 
+``--read-threads 1`` opens the stores with one read thread: the CPU of a batch on one core, without the
+reader's choice between reading alone and sharing reads with its helpers (which follows the load).
+
     python tools/ab_core.py --old /path/to/old/checkout --new . [--rounds 7] [--capacity 100000]
 
 Prints one row per workload: the medians of each side and new/old. Writes nothing to BENCHMARKS.md (the
@@ -37,13 +40,15 @@ import numpy as np
 import mmreplay as mr
 
 work, stores = sys.argv[1], json.loads(sys.argv[2])
+threads = None if sys.argv[3] == "default" else int(sys.argv[3])
 rng = np.random.default_rng(0)
 opened = {}
 
 
 def store(name):
     if name not in opened:
-        opened[name] = mr.ReplayStore.open(stores[name], mode="r+" if name == "prioritized" else "r", seed=1)
+        opened[name] = mr.ReplayStore.open(stores[name], mode="r+" if name == "prioritized" else "r", seed=1,
+                                       read_threads=threads)
     return opened[name]
 
 
@@ -133,7 +138,7 @@ print(json.dumps(out))
 '''
     data = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "data", "atari")
     done = subprocess.run([sys.executable, "-c", script, root, str(capacity), data], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": new}, check=True)
+                          env={**os.environ, "PYTHONPATH": new}, cwd=root, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -145,6 +150,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=1.0)
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--kinds", default=",".join(KINDS))
+    ap.add_argument("--read-threads", default="default", help="the stores' read_threads (default: theirs)")
     args = ap.parse_args()
     roots = {"old": os.path.abspath(args.old), "new": os.path.abspath(args.new)}
     work = tempfile.mkdtemp(prefix="ab-core-")
@@ -153,15 +159,20 @@ def main() -> None:
         stores = make_stores(work, roots["new"], args.capacity)
         for name, root in roots.items():
             os.makedirs(os.path.join(work, name))
+            check = subprocess.run([sys.executable, "-c", "import mmreplay; print(mmreplay.__file__)"], cwd=work,
+                                   env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True)
+            assert check.stdout.startswith(root), f"{name}: PYTHONPATH={root} imports {check.stdout.strip()}"
             own = dict(stores)  # (priority updates write: each child its own copy)
             own["prioritized"] = os.path.join(work, name, "prioritized")
             shutil.copytree(stores["prioritized"], own["prioritized"])
-            p = subprocess.Popen([sys.executable, "-c", CHILD, os.path.join(work, name), json.dumps(own)],
+            p = subprocess.Popen([sys.executable, "-c", CHILD, os.path.join(work, name), json.dumps(own),
+                                  args.read_threads],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                 env={**os.environ, "PYTHONPATH": root})
+                                 env={**os.environ, "PYTHONPATH": root}, cwd=work)  # (cwd: first on sys.path)
             assert p.stdout is not None and p.stdout.readline().strip() == "ready", f"{name} did not start"
             children[name] = p
-        print(f"load {os.getloadavg()[0]:.1f} at start; {args.rounds} rounds of {args.seconds} s windows", flush=True)
+        print(f"load {os.getloadavg()[0]:.1f} at start; {args.rounds} rounds of {args.seconds} s windows;"
+              f" read_threads {args.read_threads}", flush=True)
         print("| workload | old ops/s | old CPU us/op | new ops/s | new CPU us/op | rate new/old | CPU new/old |")
         print("|---|---|---|---|---|---|---|")
         for kind in args.kinds.split(","):
