@@ -28,45 +28,9 @@ CANARY = 0xA5
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def spec_decode(block: bytes, size: int) -> bytes:
-    """The block format, read as written in its description: one byte at a time."""
-    out = bytearray()
-    i = 0
-    while True:
-        token = block[i]
-        i += 1
-        n = token >> 4
-        if n == 15:
-            while True:
-                b = block[i]
-                i += 1
-                n += b
-                if b != 255:
-                    break
-        out += block[i:i + n]
-        i += n
-        if i == len(block):
-            break
-        off = block[i] | block[i + 1] << 8
-        i += 2
-        m = token & 15
-        if m == 15:
-            while True:
-                b = block[i]
-                i += 1
-                m += b
-                if b != 255:
-                    break
-        m += 4
-        assert 0 < off <= len(out)
-        for _ in range(m):
-            out.append(out[-off])
-    assert len(out) == size
-    return bytes(out)
-
-
 def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
-    """``spec_decode``, or None where the block is not a valid block of ``size`` bytes."""
+    """The block format, read as written in its description, one byte at a time: the ``size`` bytes a block
+    decodes to, or None where it is not a valid block of ``size`` bytes."""
     out = bytearray()
     i = 0
     try:
@@ -105,6 +69,13 @@ def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
     except IndexError:
         return None
     return bytes(out) if len(out) == size else None
+
+
+def spec_decode(block: bytes, size: int) -> bytes:
+    """``spec_decode_or_none`` of a block that must be valid."""
+    out = spec_decode_or_none(block, size)
+    assert out is not None, "not a valid block of the size given"
+    return out
 
 
 def build_block(seqs: list[tuple[bytes, int, int]], last: bytes) -> bytes:
