@@ -4,6 +4,7 @@ their rows and sequences."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,3 +151,42 @@ def check_sequences(pair: Pair, lengths: list[int], rng: np.random.Generator) ->
         for b, i in enumerate(strict.index):
             assert int(i) in fits
             assert_sequence_equal(strict, b, model.sequence(int(i), length), length)
+
+
+def drive_pair(pair: Pair, cfg: dict, events: list[list[int]], resets: list[bool], every: int,
+               check: Callable[[], None]) -> None:
+    """Feed the same random episode stream to the store and the model, calling ``check`` every few steps."""
+    n, vector = cfg["num_envs"], cfg["vector"]
+    rng = np.random.default_rng(len(events))
+    pair.store.reset(o := pair.frame(n if vector else None))
+    pair.model.reset(o)
+    ended = [False] * n
+    for t, (ev, reset) in enumerate(zip(events, resets, strict=True)):
+        if not vector and (ended[0] or reset):
+            pair.store.reset(o := pair.frame(None))
+            pair.model.reset(o)
+            ended[0] = False
+        elif vector and reset:
+            pair.store.reset(o := pair.frame(n))
+            pair.model.reset(o)
+            ended = [False] * n
+        ev = ev[:n] + [0] * (n - len(ev))
+        term = [e in (1, 3) for e in ev]
+        trunc = [e in (2, 3) for e in ev]
+        ash = (n,) if vector else ()
+        action = rng.integers(0, 5, size=ash + cfg["action_shape"]).astype(cfg["action_dtype"])
+        reward = rng.integers(-3, 4, size=ash).astype(np.float64) / 4
+        extras = dict(lp=rng.standard_normal(ash).astype(np.float32),
+                      vec=rng.integers(-9, 9, size=ash + (2,)).astype(np.int16))
+        obs = pair.frame(n if vector else None)
+        if vector:
+            args = (action, reward, obs, np.array(term), np.array(trunc))
+        else:
+            args = (action, float(reward), obs, term[0], trunc[0])
+        pair.store.step(*args, **extras)
+        pair.model.step(*args, **extras)
+        # autoreset envs ignore flags: mirror which envs are now between episodes
+        ended = [(not ended[s] and (term[s] or trunc[s])) if vector else (term[s] or trunc[s]) for s in range(n)]
+        if t % every == every - 1:
+            check()
+    check()

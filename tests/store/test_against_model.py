@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmreplay as mr
-from tests._support.helpers import assert_same, make_pair
+from tests._support.helpers import assert_same, drive_pair, make_pair
 
 # An episode event per env and step: 0 continue, 1 terminated, 2 truncated, 3 both flags.
 EVENTS = st.sampled_from([0] * 8 + [1, 2, 3])
@@ -34,40 +34,7 @@ def configs(draw: st.DrawFn) -> dict:
 
 def _run(tmp_path, cfg: dict, events: list[list[int]], resets: list[bool], check_every: int) -> None:
     pair = make_pair(str(tmp_path / "s"), **cfg)
-    n, vector = cfg["num_envs"], cfg["vector"]
-    rng = np.random.default_rng(len(events))
-    pair.store.reset(o := pair.frame(n if vector else None))
-    pair.model.reset(o)
-    ended = [False] * n
-    for t, (ev, reset) in enumerate(zip(events, resets, strict=True)):
-        if not vector and (ended[0] or reset):
-            pair.store.reset(o := pair.frame(None))
-            pair.model.reset(o)
-            ended[0] = False
-        elif vector and reset:
-            pair.store.reset(o := pair.frame(n))
-            pair.model.reset(o)
-            ended = [False] * n
-        ev = ev[:n] + [0] * (n - len(ev))
-        term = [e in (1, 3) for e in ev]
-        trunc = [e in (2, 3) for e in ev]
-        ash = (n,) if vector else ()
-        action = rng.integers(0, 5, size=ash + cfg["action_shape"]).astype(cfg["action_dtype"])
-        reward = rng.integers(-3, 4, size=ash).astype(np.float64) / 4
-        extras = dict(lp=rng.standard_normal(ash).astype(np.float32),
-                      vec=rng.integers(-9, 9, size=ash + (2,)).astype(np.int16))
-        obs = pair.frame(n if vector else None)
-        if vector:
-            args = (action, reward, obs, np.array(term), np.array(trunc))
-        else:
-            args = (action, float(reward), obs, term[0], trunc[0])
-        pair.store.step(*args, **extras)
-        pair.model.step(*args, **extras)
-        # autoreset envs ignore flags: mirror which envs are now between episodes
-        ended = [(not ended[s] and (term[s] or trunc[s])) if vector else (term[s] or trunc[s]) for s in range(n)]
-        if t % check_every == check_every - 1:
-            assert_same(pair)
-    assert_same(pair)
+    drive_pair(pair, cfg, events, resets, check_every, lambda: assert_same(pair))
     np.testing.assert_array_equal(pair.store.current_obs(), pair.model.current_obs())
     pair.store.close()
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import mmreplay as mr
 from tests._support import internals
-from tests._support.helpers import SEQ_FIELDS, Pair, check_sequences, make_pair
+from tests._support.helpers import SEQ_FIELDS, check_sequences, drive_pair, make_pair
 
 EXTRAS = {"lp": ((), "float32"), "vec": ((2,), "int16")}
 # An episode event per env and step: 0 continue, 1 terminated, 2 truncated, 3 both flags.
@@ -36,42 +36,6 @@ def configs(draw: st.DrawFn) -> dict:
     )
 
 
-def drive(pair: Pair, cfg: dict, events: list[list[int]], resets: list[bool], every: int, check) -> None:
-    """Feed the same random episode stream to the store and the model, calling ``check`` every few steps."""
-    n, vector = cfg["num_envs"], cfg["vector"]
-    rng = np.random.default_rng(len(events))
-    pair.store.reset(o := pair.frame(n if vector else None))
-    pair.model.reset(o)
-    ended = [False] * n
-    for t, (ev, reset) in enumerate(zip(events, resets, strict=True)):
-        if not vector and (ended[0] or reset):
-            pair.store.reset(o := pair.frame(None))
-            pair.model.reset(o)
-            ended[0] = False
-        elif vector and reset:
-            pair.store.reset(o := pair.frame(n))
-            pair.model.reset(o)
-            ended = [False] * n
-        term = [e in (1, 3) for e in ev]
-        trunc = [e in (2, 3) for e in ev]
-        ash = (n,) if vector else ()
-        action = rng.integers(0, 5, size=ash + cfg["action_shape"]).astype(cfg["action_dtype"])
-        reward = rng.integers(-3, 4, size=ash).astype(np.float64) / 4
-        extras = dict(lp=rng.standard_normal(ash).astype(np.float32),
-                      vec=rng.integers(-9, 9, size=ash + (2,)).astype(np.int16))
-        obs = pair.frame(n if vector else None)
-        if vector:
-            args = (action, reward, obs, np.array(term), np.array(trunc))
-        else:
-            args = (action, float(reward), obs, term[0], trunc[0])
-        pair.store.step(*args, **extras)
-        pair.model.step(*args, **extras)
-        ended = [(not ended[s] and (term[s] or trunc[s])) if vector else (term[s] or trunc[s]) for s in range(n)]
-        if t % every == every - 1:
-            check()
-    check()
-
-
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cfg=configs(), data=st.data())
 def test_sequences_match_the_model(tmp_path_factory, cfg, data):
@@ -82,7 +46,7 @@ def test_sequences_match_the_model(tmp_path_factory, cfg, data):
     lengths = sorted(set(data.draw(st.lists(st.integers(1, 14), min_size=1, max_size=3)) + [1]))
     pair = make_pair(str(tmp_path_factory.mktemp("seq") / "s"), **cfg)
     rng = np.random.default_rng(steps)
-    drive(pair, cfg, events, resets, data.draw(st.integers(4, 25)), lambda: check_sequences(pair, lengths, rng))
+    drive_pair(pair, cfg, events, resets, data.draw(st.integers(4, 25)), lambda: check_sequences(pair, lengths, rng))
     pair.store.close()
 
 
@@ -108,7 +72,7 @@ def test_the_index_keeps_the_fitting_starts_up_to_date(tmp_path_factory, cfg, da
         want = {i for i in sampleable if pair.model.sequence_fits(i, length)}
         assert {int(i) for i in got} & sampleable == want
 
-    drive(pair, cfg, events, resets, 1, check)
+    drive_pair(pair, cfg, events, resets, 1, check)
     pair.store.close()
 
 
@@ -119,7 +83,7 @@ def test_long_run_with_many_wraparounds(tmp_path):
     rng = np.random.default_rng(3)
     events = [[int(rng.choice([0] * 14 + [1, 2])) for _ in range(2)] for _ in range(600)]
     pair = make_pair(str(tmp_path / "s"), **cfg)
-    drive(pair, cfg, events, [False] * 600, 41, lambda: check_sequences(pair, [1, 4, 13, 30], rng))
+    drive_pair(pair, cfg, events, [False] * 600, 41, lambda: check_sequences(pair, [1, 4, 13, 30], rng))
     pair.store.close()
 
 
