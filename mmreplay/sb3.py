@@ -476,6 +476,10 @@ class ReplayBuffer(_SB3ReplayBuffer):
             pend.last[i] = None if ends[i] else next_b[i]
             if ends[i] or count[i] == pend.rows:  # a block ends where its episode does (as extend() wants)
                 pend.flush_env(store, i)
+        self._added(handle)
+
+    def _added(self, handle: _Handle) -> None:
+        """An add is kept: count it towards the next pairing, and move SB3's ``pos``/``full`` as SB3 does."""
         handle.added_since_pair += 1
         self.pos += 1
         if self.pos == self.buffer_size:
@@ -527,11 +531,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         pend.last[0] = next_b
         if c + 1 == pend.rows:
             pend.flush_env(store, 0)
-        handle.added_since_pair += 1
-        self.pos += 1
-        if self.pos == self.buffer_size:
-            self.full = True
-            self.pos = 0
+        self._added(handle)
         return True
 
     def _frames_arg(self, value: Any, what: str) -> np.ndarray:
