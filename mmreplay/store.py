@@ -46,7 +46,7 @@ from .errors import (
 )
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
-from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, assemble_planned
+from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames
 from .reading.prefetch import BatchIterator, DrawnBatch
 from .reading.reader import FrameReader, PostedStacks
 from .reading.sequence_batch import (
@@ -470,6 +470,10 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
+        if self._limiter is None:  # (every sample's path: no closure, no DrawnBatch)
+            self._update_validity()
+            ids, weight, slots = self._draw_state.draw_now(self._parts.sampler, self._index, b, bool(replace), beta)
+            return self._assemble(slots, ids, weight)
         d = self._limit.sample(b, lambda: self._draw(b, bool(replace), beta))
         assert d.slots is not None  # (DrawState.draw always finds them)
         return self._assemble(d.slots, d.ids, d.weight)
@@ -1014,10 +1018,17 @@ class ReplayStore:
     @fault_checked
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:
         arrays = self._ring.arrays
-        planned = self._index.plan_returns(slots, arrays["reward"], self._discounts)
-        if planned is not None:
-            return assemble_planned(planned, slots, arrays, ids, self._extra_names, self._reader, weight)
-        return assemble(self._index.plan(slots), arrays, ids, self._discounts, self._extra_names, self._reader, weight)
+        inputs = self._index.plan_inputs(slots)
+        if inputs is None:
+            return assemble(self._index.plan(slots), arrays, ids, self._discounts, self._extra_names, self._reader,
+                            weight)
+        # planned and read in one native call where the reader reads alone (at small batches each call from
+        # Python costs a fair share of the copy itself)
+        obs, next_obs, values, ends = self._reader.planned_stacks(inputs, arrays["reward"], self._discounts)
+        extras = self._extra_names
+        return Batch(obs, arrays["action"][slots], values[0], next_obs, values[1], ends[0], ends[1], ids,
+                     values[2] if weight is None else weight.astype(np.float32, copy=False),
+                     {name: arrays["x_" + name][slots] for name in extras} if extras else {})
 
     def _check_open(self) -> None:
         if self._closed:

@@ -11,7 +11,8 @@ n-step 3):
   when one fills);
 - ``sample-raw``, ``sample-lz4``: ``sample(32)``, frames raw / compressed;
 - ``prioritized``: ``sample(32)`` + ``update_priorities`` (compressed frames);
-- ``batches``: ``next()`` of ``batches(32, prefetch=2)`` (compressed frames).
+- ``batches``: ``next()`` of ``batches(32, prefetch=2)`` (compressed frames);
+- ``sample-raw-256``, ``sample-lz4-512``, ...: ``sample()`` of that many rows.
 
 ``--read-threads 1`` opens the stores with one read thread: the CPU of a batch on one core, without the
 reader's choice between reading alone and sharing reads with its helpers (which follows the load).
@@ -90,6 +91,10 @@ def op(kind):
             b = s.sample(32)
             s.update_priorities(b.index, p)
         return f
+    name, _, size = kind.rpartition("-")
+    if size.isdigit():  # e.g. sample-raw-256: another batch size
+        s, b = store(name), int(size)
+        return lambda: s.sample(b)
     s = store(kind)
     return lambda: s.sample(32)
 
@@ -99,9 +104,14 @@ for kind in ("sample-raw", "sample-lz4", "prioritized", "batches"):
     for _ in range(300):
         f()
 print("ready", flush=True)
+seen = set()
 for line in sys.stdin:
     kind, sec = line.split()
     f = op(kind)
+    if kind not in seen:  # a batch size not warmed above
+        seen.add(kind)
+        for _ in range(30):
+            f()
     n, r0, t0 = 0, resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     while time.perf_counter() - t0 < float(sec):
         f()

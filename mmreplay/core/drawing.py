@@ -55,6 +55,13 @@ class DrawState:
             slots = index.slots_of(ids)
         return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan_now else None, slots=slots)
 
+    def draw_now(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None
+                 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """``draw`` for a batch assembled at once (``sample()``): ``(ids, weight, slots)``, the same draw."""
+        self._count += 1
+        ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
+        return ids, weight, index.slots_of(ids) if slots is None else slots
+
     def draw_sequences(self, sampler: Sampler, index: Index, batch_size: int, length: int, strict: bool,
                        beta: float | None) -> DrawnBatch:
         """Choose the starts of a batch of sequences (and their weights) and fix their row arithmetic.

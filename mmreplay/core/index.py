@@ -483,17 +483,15 @@ class Index:
         return Plan(slots, stacks[0], pad[0], stacks[1], pad[1], reward_slots, reward_weights, m, ends[0], ends[1],
                     ends[2], stacks, pad, zeros)
 
-    def plan_returns(self, slots: np.ndarray, reward: np.ndarray, discounts: np.ndarray
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int] | None:
-        """``plan`` and the batch's n-step returns in one native pass (``native.plan.plan_returns``: the
-        stacks and their padding, float32 rewards, discounts and ones, the ends, the count of frames to
-        zero), where ``plan`` would take the native pass; None where it would not (then ``plan``).
-        ``reward`` is the ring's reward column, ``discounts`` the float32 ``gamma**m`` table."""
+    def plan_inputs(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+                                                       np.ndarray] | None:
+        """The arguments of the native plan (``native.plan.plan_batch``'s: ``slots`` and the index's arrays
+        and numbers) for the batch of valid transition slots ``slots``, where ``plan`` would take the native
+        pass; None where it would not (then ``plan``). ``FrameReader.planned_stacks`` plans and reads with them."""
         cfg = self._native_config()
         if cfg is None:
             return None
-        return native_plan.plan_returns(slots, self._flags, self._episode_pos, self.seq_of_pos, cfg, self.math.gammas,
-                                        reward, discounts)
+        return slots, self._flags, self._episode_pos, self.seq_of_pos, cfg, self.math.gammas
 
     def _native_config(self) -> np.ndarray | None:
         """The native plan's ``config``, brought up to date; None while the numpy plan must be used (no numba,

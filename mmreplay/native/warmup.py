@@ -94,6 +94,14 @@ def _plan_returns() -> Variants:
     return [(EVERY, (*head, reward, discounts)), (READER, (*head, _ro(reward), discounts))]  # a writer's, a reader's
 
 
+def _plan_gather() -> Variants:
+    """``plan_returns``' variants, each with the batch's outputs and the ring's arrays of compressed or raw
+    frames."""
+    outputs = (np.zeros((3, 1), np.float32), np.zeros((3, 1), np.bool_), _u8())
+    return [(need | tags, (*head, *outputs, *_frames(compressed)))
+            for need, head in _plan_returns() for tags, compressed in ((COMPRESSED, True), (RAW, False))]
+
+
 def _decode_file() -> Variants:  # framefile.decode_native: one compressed file
     return [(COMPRESSED, (_i64(), _u8(), _u8(), _u8(), _u8().view(np.int64), np.zeros(1, np.int8), _i64(), _i64(),
                           1, 0, 8))]
@@ -131,6 +139,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("rng", "integers", _every(np.zeros(4, np.uint64), np.zeros(2, np.uint32), 0, 1, _i64())),
     Kernel("rng", "draw_slots", _every(np.zeros(4, np.uint64), np.zeros(2, np.uint32), 0, 1, _i64(), _i64(), _i64(),
                                       np.zeros(1, np.bool_))),
+    Kernel("sample", "plan_gather", _plan_gather),
     Kernel("plan", "plan_returns", _plan_returns),
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),

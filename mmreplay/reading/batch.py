@@ -90,23 +90,6 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
     )
 
 
-def assemble_planned(planned: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int], slots: np.ndarray,
-                     arrays: dict[str, np.ndarray], ids: np.ndarray, extra_names: tuple[str, ...],
-                     reader: FrameReader, weight: np.ndarray | None = None) -> Batch:
-    """``assemble``'s batch from ``Index.plan_returns``'s pass (its n-step returns already summed, as
-    ``assemble`` sums them): what ``sample()`` takes, with as few calls per batch as it can, since at small
-    batch sizes those calls cost a fair share of the copy itself."""
-    stacks, pad, values, ends, zeros = planned
-    obs, next_obs = reader.stacks(stacks[0], stacks[1])
-    if zeros:  # (nearly always 0)
-        obs[pad[0]] = 0
-        next_obs[pad[1]] = 0
-        next_obs[ends[2]] = 0
-    return Batch(obs, arrays["action"][slots], values[0], next_obs, values[1], ends[0], ends[1], ids,
-                 values[2] if weight is None else weight.astype(np.float32, copy=False),
-                 {name: arrays["x_" + name][slots] for name in extra_names} if extra_names else {})
-
-
 @dataclass
 class FrameBatch:
     """A batch whose stacks are given as its distinct frames and positions into them

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..native import plan as native_plan
+from ..native import sample as native_sample
 from ..native.codes import FLAT, KIND_LZ4, KIND_RAW, PAIRS
 from ..storage.ring import ChunkRing
 from ..storage.vmem import PAGE, RangeAdvisor, memory_budget
@@ -29,6 +31,10 @@ from .reference_read import frame_error, reference_frames
 # whose major page faults tell a cold read: the calling thread's (it reads part of every read, and asking for
 # one thread's counts is cheaper than summing every thread's), or the process's where there is no such call
 _FAULTS_OF = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+PlanInputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""``Index.plan_inputs``: the native plan's arguments (``native.plan.plan_batch``'s) for a batch's slots."""
 
 
 class PostedStacks:
@@ -130,14 +136,64 @@ class FrameReader:
         frames = self.frames
         b, k = obs_slots.shape
         both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
-        ahead = self.read_ahead is True or (self.read_ahead == "auto" and self._cold_batches > 0)
+        ahead = self._ahead()
+        self._stacks_into(both, obs_slots, next_slots, ahead, self._way(b, both.nbytes, ahead))
+        return both[0], both[1]  # C-contiguous views of one buffer
+
+    def planned_stacks(self, plan_inputs: PlanInputs, reward: np.ndarray, discounts: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A batch planned by the native plan and read: ``(obs, next_obs, values, ends)``, as
+        ``native.plan.plan_returns`` then ``stacks`` and the zeroing of its padding give them (``values``:
+        float32 (3, B) n-step rewards, discounts and ones; ``ends``: bool (3, B) terminated, truncated,
+        next_missing). ``plan_inputs``: ``Index.plan_inputs``' answer; ``reward``: the ring's reward column;
+        ``discounts``: the float32 ``gamma**m`` table.
+
+        A read this thread makes alone on warm data is one native call (``native.sample.plan_gather``: no
+        plan arrays cross into Python); a shared or cold read plans first, then reads as ``stacks`` does."""
+        slots, flags, episode_pos, seq_of_pos, config, gammas = plan_inputs
+        b, k = slots.shape[0], int(config[native_plan.C_STACK])
+        frames = self.frames
+        both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
+        ahead = self._ahead()
+        way = self._way(b, both.nbytes, ahead)
+        if ahead or way[0] == SHARED or self._native is None or self._ring is None:
+            stacks, pad, values, ends, zeros = native_plan.plan_returns(slots, flags, episode_pos, seq_of_pos, config,
+                                                                        gammas, reward, discounts)
+            self._stacks_into(both, stacks[0], stacks[1], ahead, way)
+            if zeros:  # (nearly always 0)
+                both[pad] = 0
+                both[1][ends[2]] = 0
+            return both[0], both[1], values, ends
+        values = np.empty((3, b), np.float32)
+        ends = np.empty((3, b), np.bool_)
+        faults = resource.getrusage(_FAULTS_OF).ru_majflt
+        timed = self._crew is not None
+        start = time.perf_counter() if timed else 0.0
+        err, slot = native_sample.plan_gather(slots, flags, episode_pos, seq_of_pos, config, gammas, reward, discounts,
+                                              values, ends, both.reshape(-1).view(np.uint8), *self._kernel_args())
+        if timed:
+            self._ways.record(ALONE, time.perf_counter() - start, both.nbytes, way[1])
+        if err:
+            raise self._error(int(err), int(slot))
+        self._count_faults(False, faults)
+        return both[0], both[1], values, ends
+
+    def _ahead(self) -> bool:
+        """Whether the next read reads its frames' pages ahead first (cold data, see the class)."""
+        return self.read_ahead is True or (self.read_ahead == "auto" and self._cold_batches > 0)
+
+    def _stacks_into(self, both: np.ndarray, obs_slots: np.ndarray, next_slots: np.ndarray, ahead: bool,
+                     way: tuple[int, int]) -> None:
+        """``stacks``' read into ``both`` (2, B, k, *frame), the way ``_way`` chose."""
+        frames = self.frames
+        b = obs_slots.shape[0]
         if ahead:
             self.read_ahead_slots(np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1))))
         faults = resource.getrusage(_FAULTS_OF).ru_majflt
         if self._native is not None and self._ring is not None:
             obs = np.ascontiguousarray(obs_slots, np.int64)
             nxt = np.ascontiguousarray(next_slots, np.int64)
-            self._read(PAIRS, obs, nxt, both, b, ahead)
+            self._read(PAIRS, obs, nxt, both, b, ahead, way)
         else:  # numpy: no numba, or no ring
             index = np.concatenate((obs_slots.reshape(-1), next_slots.reshape(-1)))
             flat = both.reshape((-1,) + frames.shape[1:])
@@ -146,7 +202,6 @@ class FrameReader:
             else:
                 np.take(frames, index, axis=0, out=flat, mode="clip")
         self._count_faults(ahead, faults)
-        return both[0], both[1]  # C-contiguous views of one buffer
 
     def _fields(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, rows: int, out: np.ndarray) -> np.ndarray:
         """A crew task's fields (``native.crew``: ``ctl[OBS:]``) for reading ``rows`` rows into ``out``."""
@@ -173,25 +228,32 @@ class FrameReader:
         fields[crew.CHUNK_ROWS - o] = max(1, -(-rows // self.CHUNKS))
         return fields
 
-    def _read(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, out: np.ndarray, rows: int,
-              cold: bool) -> None:
-        """Read ``rows`` rows (``mode``: ``PAIRS`` of stacks, or ``FLAT`` frames) into ``out``: shared with
-        the helpers when there are any, the read is large enough and ``WayChooser`` finds that faster now
-        (cold reads are always shared: their threads wait on page faults side by side, and they are not
-        timed); else in this thread alone."""
-        lz4 = self._native
-        assert lz4 is not None
+    def _way(self, rows: int, nbytes: int, cold: bool) -> tuple[int, int]:
+        """How the next read of ``rows`` rows (``nbytes`` of output) is made: shared with the helpers when
+        there are any, the read is large enough and ``WayChooser`` finds that faster now (cold reads are
+        always shared: their threads wait on page faults side by side, and they are not timed); else in this
+        thread alone. Returns the way and how ``WayChooser`` takes its time."""
         way, how = ALONE, WayChooser.AVERAGE
         crew = self._crew
         self._reads += 1
         if crew is not None and self._reads % self.RECHECK == 0:
             self._cpus = min(self.threads, usable_cpus())
             crew.limit(self._cpus - 1)
-        if (crew is not None and rows > 1 and out.nbytes >= self.MIN_SHARED_BYTES and self.SHARE is not False
+        if (crew is not None and rows > 1 and nbytes >= self.MIN_SHARED_BYTES and self.SHARE is not False
                 and (self._cpus > 1 or self.SHARE)):
             way, how = (SHARED, WayChooser.UNTIMED) if cold or self.SHARE else self._ways.pick()
+        return way, how
+
+    def _read(self, mode: int, slots: np.ndarray, nxt: np.ndarray | None, out: np.ndarray, rows: int,
+              cold: bool, way: tuple[int, int] | None = None) -> None:
+        """Read ``rows`` rows (``mode``: ``PAIRS`` of stacks, or ``FLAT`` frames) into ``out``, the way
+        ``_way`` chose (``way``, or asked now)."""
+        lz4 = self._native
+        assert lz4 is not None
+        crew = self._crew
+        how_way, how = self._way(rows, out.nbytes, cold) if way is None else way
         start = time.perf_counter()
-        if way == SHARED:
+        if how_way == SHARED:
             task = crew.post(self._fields(mode, slots, nxt, rows, out), rows, (slots, nxt, out))
             err, slot, _ = crew.join(task)
         elif mode == PAIRS:
@@ -199,7 +261,7 @@ class FrameReader:
         else:
             err, slot = lz4.gather(slots, out.reshape(-1).view(np.uint8), *self._kernel_args())
         if crew is not None and not cold:
-            self._ways.record(way, time.perf_counter() - start, out.nbytes, how)
+            self._ways.record(how_way, time.perf_counter() - start, out.nbytes, how)
         if err:
             raise self._error(int(err), int(slot))
 
@@ -266,7 +328,7 @@ class FrameReader:
             raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape {shape}, got"
                              f" {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
         index = np.ascontiguousarray(slots, np.int64).reshape(-1)
-        ahead = self.read_ahead is True or (self.read_ahead == "auto" and self._cold_batches > 0)
+        ahead = self._ahead()
         if ahead:
             self.read_ahead_slots(index)
         faults = resource.getrusage(_FAULTS_OF).ru_majflt

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import mmreplay as mr
 from mmreplay.core import index as index_module
 from mmreplay.native import plan as native_plan
-from mmreplay.reading.batch import assemble, assemble_planned, nstep_returns_numpy
+from mmreplay.reading.batch import assemble, nstep_returns_numpy
 from tests._support import internals
 
 
@@ -119,20 +119,24 @@ def check(store: mr.ReplayStore, slots: np.ndarray, gamma: float) -> None:
     reward, discount = nstep_returns_numpy(arrays["reward"], want, discounts)
     assert reward.tobytes() == batch.reward.tobytes() and batch.reward.dtype == np.float32
     assert discount.tobytes() == batch.discount.tobytes() and batch.discount.dtype == np.float32
-    # sample()'s one pass (plan and returns together) and the batch it assembles
-    planned = idx.plan_returns(slots, arrays["reward"], discounts)
-    if planned is not None:
-        stacks, pad, values, ends, zeros = planned
+    # sample()'s one pass (plan and returns together), and the reader's one call that also reads the stacks
+    inputs = idx.plan_inputs(slots)
+    if inputs is not None:
+        stacks, pad, values, ends, zeros = native_plan.plan_returns(*inputs, arrays["reward"], discounts)
         np.testing.assert_array_equal(stacks, got.stacks)
         np.testing.assert_array_equal(pad, got.pad)
         np.testing.assert_array_equal(ends, np.stack([got.terminated, got.truncated, got.next_missing]))
         assert zeros == got.zeros and values.dtype == np.float32
         assert values[0].tobytes() == reward.tobytes() and values[1].tobytes() == discount.tobytes()
         assert (values[2] == 1).all()
-        fused = assemble_planned(planned, slots, arrays, ids, (), reader)
-        for name in ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "weight"):
-            a, b = getattr(fused, name), getattr(batch, name)
-            assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+        for share in (False, True):  # read alone (one native call), or shared with the helpers (planned first)
+            reader.SHARE = share
+            try:
+                obs, next_obs, values2, ends2 = reader.planned_stacks(inputs, arrays["reward"], discounts)
+            finally:
+                reader.SHARE = None
+            assert obs.tobytes() == batch.obs.tobytes() and next_obs.tobytes() == batch.next_obs.tobytes()
+            assert values2.tobytes() == values.tobytes() and ends2.tobytes() == ends.tobytes()
 
 
 @settings(max_examples=50, deadline=None,
