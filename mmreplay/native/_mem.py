@@ -1,4 +1,5 @@
-"""Byte-copy primitives for numba kernels: ``memcpy``, unaligned 8-byte loads and 16-byte copies and stores; and
+"""Byte-copy primitives for numba kernels: ``memcpy`` (plain or with non-temporal stores), unaligned 8-byte loads and
+16-byte copies and stores; and
 atomic operations on int64 array elements (sequentially consistent), for threads that share work.
 
 A plain ``for`` loop over uint8 elements compiles to one byte per iteration (numba's negative-index
@@ -8,12 +9,15 @@ bounds: nothing here does.
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
+
+_X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _byte_ptr(context: Any, builder: Any, arrty: Any, arr: Any, offset: Any) -> Any:
@@ -30,6 +34,45 @@ def copy(typingctx: Any, dst: Any, d: Any, src: Any, s: Any, n: Any) -> Any:
         pd = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
         ps = _byte_ptr(context, builder, sig.args[2], args[2], args[3])
         cgutils.raw_memcpy(builder, pd, ps, args[4], 1)
+
+    return sig, codegen
+
+
+@intrinsic
+def copy_streaming(typingctx: Any, dst: Any, d: Any, src: Any, s: Any, n: Any) -> Any:
+    """``copy`` with non-temporal stores: the bytes go to memory without the destination's cache lines being
+    read in first, and without evicting what the caches hold. ``dst[d]`` must be 16-byte aligned (the
+    caller checks); the last ``n % 16`` bytes are copied plainly. Call ``store_fence`` before another thread
+    may read what was written."""
+    sig = types.void(dst, d, src, s, n)
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        i64 = ir.IntType(64)
+        vec = ir.VectorType(i64, 2)
+        pd = _byte_ptr(context, builder, sig.args[0], args[0], args[1])
+        ps = _byte_ptr(context, builder, sig.args[2], args[2], args[3])
+        n = args[4]
+        whole = builder.and_(n, i64(~15))
+        hint = builder.module.add_metadata([ir.IntType(32)(1)])
+        with cgutils.for_range_slice(builder, i64(0), whole, i64(16)) as (off, _):
+            value = builder.load(builder.bitcast(builder.gep(ps, [off]), vec.as_pointer()), align=1)
+            store = builder.store(value, builder.bitcast(builder.gep(pd, [off]), vec.as_pointer()), align=16)
+            store.set_metadata("nontemporal", hint)
+        cgutils.raw_memcpy(builder, builder.gep(pd, [whole]), builder.gep(ps, [whole]), builder.sub(n, whole), 1)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_fence(typingctx: Any) -> Any:
+    """A full memory fence: orders ``copy_streaming``'s non-temporal stores before every later store (the
+    flag another thread reads to know the copy is done)."""
+    sig = types.void()
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> None:
+        if _X86:  # sfence: what orders non-temporal stores (a locked instruction need not)
+            builder.call(builder.module.declare_intrinsic("llvm.x86.sse.sfence", fnty=ir.FunctionType(ir.VoidType(), [])), [])
+        builder.fence("seq_cst")
 
     return sig, codegen
 

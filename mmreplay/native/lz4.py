@@ -31,7 +31,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from ._mem import copy, copy16, load1, load8, prefetch, store1, store16
+from ._mem import copy, copy16, copy_streaming, load1, load8, prefetch, store1, store16, store_fence
 from .codes import E_CHECKSUM, E_RECORD, E_SIZE, E_STREAM, E_UNMAPPED, KIND_LZ4, KIND_RAW
 from .crc32c import crc32c
 
@@ -41,6 +41,10 @@ MIN_MATCH = 4
 # stores still in flight, which the CPU cannot forward (a stall at every step): frames with long runs of
 # short patterns (Pong's) decode much faster this way (BENCHMARKS.md, "Figures behind the code").
 FAR = 64
+# Outputs from this size on have their raw frames copied with non-temporal stores (``streams``): larger than
+# the last-level cache share a core can count on, where plain stores measured slower (BENCHMARKS.md,
+# "Figures behind the code").
+STREAM_BYTES = 16 * 2**20
 
 
 # For a match ``off`` < 16 bytes back (tables: no division in the loop): the factor that repeats a pattern of
@@ -194,14 +198,19 @@ def decode_entry(src: np.ndarray, start: int, length: int, crc: int, out: np.nda
 
 @nb.njit(nogil=True, cache=True)
 def _frame(slot: int, out: np.ndarray, o0: int, raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray,
-           kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> int:
-    """Frame ``slot`` of the ring into ``out[o0:o0 + fb]``: copied from the raw column or decoded."""
+           kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int,
+           streaming: bool = False) -> int:
+    """Frame ``slot`` of the ring into ``out[o0:o0 + fb]``: copied from the raw column (with non-temporal
+    stores when ``streaming``, see ``streams``) or decoded."""
     pos = slot // rows_alloc
     if slot < 0 or pos >= kind.size:
         return E_UNMAPPED
     k = kind[pos]
     if k == KIND_RAW:
-        copy(out, o0, raw, slot * fb, fb)
+        if streaming:
+            copy_streaming(out, o0, raw, slot * fb, fb)
+        else:
+            copy(out, o0, raw, slot * fb, fb)
         return 0
     if k != KIND_LZ4:
         return E_UNMAPPED
@@ -273,16 +282,27 @@ def prefetch_records(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1:
                 prefetch(comp, pos * cstride + table[pos] + 16 * (slot - pos * rows_alloc))
 
 
+@nb.njit(nogil=True, cache=True, inline="always")
+def streams(out: np.ndarray, fb: int) -> bool:
+    """Whether raw frames are copied into ``out`` with non-temporal stores: when ``out`` is at least
+    ``STREAM_BYTES`` (a batch that large leaves the caches before its consumer reads it back, so reading each
+    destination line in before overwriting it is wasted memory traffic) and every frame starts 16-byte
+    aligned. Below that, plain stores leave the batch in the caches for its consumer."""
+    return out.size >= STREAM_BYTES and fb % 16 == 0 and out.ctypes.data % 16 == 0
+
+
 @nb.njit(nogil=True, cache=True)
 def pair_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, out: np.ndarray, raw: np.ndarray,
              comp: np.ndarray, comp64: np.ndarray, kind: np.ndarray, table: np.ndarray, data_end: np.ndarray,
-             rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
+             rows_alloc: int, cstride: int, fb: int, streaming: bool = False) -> tuple[int, int]:
     """Row ``r`` of a batch (see ``gather_pairs``): its obs frames, then its next_obs frames, those that the
-    obs stack holds copied from the output. Returns ``(0, 0)`` or ``(error code, slot)``."""
+    obs stack holds copied from the output (from the ring again when ``streaming`` and raw: the output's
+    copy went past the caches, the ring's lines were just read). Returns ``(0, 0)`` or ``(error code, slot)``."""
     b, k = obs_slots.shape
     for j in range(k):
         slot = obs_slots[r, j]
-        err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        err = _frame(slot, out, (r * k + j) * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb,
+                     streaming)
         if err:
             return err, slot
     for j in range(k):
@@ -293,10 +313,10 @@ def pair_row(obs_slots: np.ndarray, next_slots: np.ndarray, r: int, out: np.ndar
             if obs_slots[r, i] == slot:
                 same = i
                 break
-        if same >= 0:
+        if same >= 0 and not (streaming and kind[slot // rows_alloc] == KIND_RAW):
             copy(out, o0, out, (r * k + same) * fb, fb)
             continue
-        err = _frame(slot, out, o0, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        err = _frame(slot, out, o0, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb, streaming)
         if err:
             return err, slot
     return 0, 0
@@ -308,7 +328,10 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
                  data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
     """Rows ``r0 .. r1-1`` of a batch: ``obs_slots``/``next_slots`` (B, k) frames into ``out`` (2, B, k, fb)
     flattened. A ``next_obs`` frame that is also one of the row's ``obs`` frames (``k - m`` of them) is
-    copied from there instead of being decoded again. Returns ``(0, 0)`` or ``(error code, slot)``."""
+    copied from there instead of being decoded again. Raw frames of a large batch go with non-temporal
+    stores (``streams``). Returns ``(0, 0)`` or ``(error code, slot)``."""
+    streaming = streams(out, fb)
+    err, slot = 0, 0
     prefetch_records(obs_slots, next_slots, r0, r1, comp, kind, table, rows_alloc, cstride)  # no load waits on another
     if r0 < r1:
         k = obs_slots.shape[1]
@@ -318,20 +341,29 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
         if r + 1 < r1:  # the next row's frames: their cache and TLB misses overlap this row's work
             prefetch_row(obs_slots, next_slots, r + 1, raw, comp, comp64, kind, table, rows_alloc, cstride, fb)
         err, slot = pair_row(obs_slots, next_slots, r, out, raw, comp, comp64, kind, table, data_end, rows_alloc,
-                             cstride, fb)
+                             cstride, fb, streaming)
         if err:
-            return err, slot
-    return 0, 0
+            break
+    if streaming:
+        store_fence()
+    return (err, slot) if err else (0, 0)
 
 
 @nb.njit(nogil=True, cache=True)
 def gather(slots: np.ndarray, out: np.ndarray, raw: np.ndarray, comp: np.ndarray, comp64: np.ndarray,
            kind: np.ndarray, table: np.ndarray, data_end: np.ndarray, rows_alloc: int, cstride: int, fb: int) -> tuple[int, int]:
-    """Frames ``slots`` (1-D) into ``out`` (len(slots) * fb bytes). Returns ``(0, 0)`` or ``(error, slot)``."""
+    """Frames ``slots`` (1-D) into ``out`` (len(slots) * fb bytes), those of a large read with non-temporal
+    stores (``streams``). Returns ``(0, 0)`` or ``(error, slot)``."""
+    streaming = streams(out, fb)
+    err, bad = 0, 0
     for i in range(slots.size):
         if i + 1 < slots.size:
             prefetch_raw(slots[i + 1], raw, kind, rows_alloc, fb)
-        err = _frame(slots[i], out, i * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb)
+        err = _frame(slots[i], out, i * fb, raw, comp, comp64, kind, table, data_end, rows_alloc, cstride, fb,
+                     streaming)
         if err:
-            return err, slots[i]
-    return 0, 0
+            bad = slots[i]
+            break
+    if streaming:
+        store_fence()
+    return err, bad
