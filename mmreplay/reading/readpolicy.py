@@ -86,10 +86,16 @@ class WayChooser:
     not timed.
 
     Why measure: helpers pay on idle cores, and cost when other processes keep the cores busy (the caller
-    then waits for a chunk a helper claimed but the system stopped running)."""
+    then waits for a chunk a helper claimed but the system stopped running).
+
+    "Faster" means faster by enough to be worth the CPU: a shared read spends more CPU than the same read
+    alone (the helpers' wake-ups, and threads copying side by side wait on memory longer), so reads are
+    shared only while they take at most ``GAIN`` of the time alone: the cores a process shares its reads
+    with are cores its learner and environments could use."""
 
     PROBE = 128
     EARLY = 4
+    GAIN = 0.75  # a shared read must take at most this share of the time alone (BENCHMARKS.md, "CPU cost")
     WEIGHT = 0.05  # of a read in the average of the way in use
     AVERAGE, MEASURED, UNTIMED = 0, 1, 2  # how ``record`` takes a read
 
@@ -106,7 +112,7 @@ class WayChooser:
             return SHARED, self.UNTIMED  # the first shared read starts the helpers
         if alone == 0.0 and r >= self.EARLY:
             return ALONE, self.MEASURED
-        if shared == 0.0 or alone == 0.0 or shared <= alone:
+        if shared == 0.0 or alone == 0.0 or shared <= self.GAIN * alone:
             return (ALONE, self.MEASURED) if r % self.PROBE == 0 else (SHARED, self.AVERAGE)
         if r % self.PROBE == 0:
             return SHARED, self.MEASURED

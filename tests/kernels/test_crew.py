@@ -248,6 +248,18 @@ def test_the_faster_way_is_used_and_the_other_is_tried_now_and_then():
     assert w.pick() == (0, avg)
 
 
+def test_shared_reads_must_save_enough_time_to_be_worth_their_cpu():
+    w = WayChooser()
+    for _ in range(4):
+        w.pick()
+    alone = 2e-3
+    w.record(1, alone, 1000, w.MEASURED)
+    w.record(0, alone * (w.GAIN + 0.05), 1000, w.MEASURED)  # faster, but not by enough
+    assert w.pick() == (1, w.AVERAGE)
+    w.record(0, alone * (w.GAIN - 0.05), 1000, w.MEASURED)  # faster by more than the margin
+    assert w.pick() == (0, w.AVERAGE)
+
+
 def test_a_reader_whose_shared_reads_are_slow_reads_alone(stores):
     store = stores["lz4"]
     idx = internals.log(store).index
