@@ -137,6 +137,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._working = False  # a prefetch-thread task of this iterator is queued or running
         self._cold = False  # the last copy read from the disk
         self._posted: _Job | None = None  # the job whose frames were posted, until they are read
+        self._posting = False  # the last post started a read: warm batches are read by the helpers, not the thread
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._add(d)
@@ -144,12 +145,17 @@ class BatchIterator(Iterator[T], Generic[T]):
     def _add(self, d: DrawnBatch) -> None:
         with self._lock:  # the prefetch thread walks the deque in _claim
             self._jobs.append(_Job(d))
-            # one prefetch-thread task at a time, looping while there is work; with prefetch=0 the
-            # caller copies every batch itself: no task at all
-            start = self._prefetch > 0 and not self._working
-            self._working = self._working or start
+            start = self._start_locked()
         if start:
             self._executor.submit(self._work)
+
+    def _start_locked(self) -> bool:
+        """Whether to submit the prefetch thread's task now (then marked working). One task at a time, looping
+        while there is work; none with prefetch=0 (the caller copies every batch itself), nor while posting
+        reads the warm batches (the thread's copies would take turns with the caller on the GIL)."""
+        start = self._prefetch > 0 and not self._working and not self._closed and (self._cold or not self._posting)
+        self._working = self._working or start
+        return start
 
     def _fill(self) -> None:
         while len(self._jobs) < self._prefetch + 1:
@@ -170,26 +176,39 @@ class BatchIterator(Iterator[T], Generic[T]):
                 break
         return None
 
-    def _post_next(self) -> None:
+    def _post_next(self, caller: bool = True) -> bool:
         """Post the frames of the batch after the one being handed out (the caller's thread, its frames
         just read): the reader's helper thread reads them while the caller is away and draws the next
-        batch, and the caller reads what is left when it comes for it. Warm data only."""
+        batch, and the caller reads what is left when it comes for it. Warm data only. Not ``caller``: the
+        prefetch thread posts the oldest unstarted batch instead of copying it (posting starts again after
+        it rested). Returns whether a read started."""
         with self._lock:
-            job = self._jobs[1] if len(self._jobs) > 1 else None
-            if job is None or job.state != _PENDING or self._cold or self._closed or self._posted is not None:
-                return
+            if self._cold or self._closed or self._posted is not None:
+                return False
+            if caller:
+                job = self._jobs[1] if len(self._jobs) > 1 else None
+            else:
+                job = next((j for j in self._jobs if j.state == _PENDING), None)
+            if job is None or job.state != _PENDING:
+                return False
             job.state = _POSTED
         posted = None
+        start = False
         try:
             posted = self._post(job.draw)  # type: ignore[misc]
         finally:
             with self._lock:
+                self._posting = posted is not None
                 if job.state == _POSTED:
                     job.posted = posted
                     if posted is None:
                         job.state = _PENDING
                     else:
                         self._posted = job
+                start = caller and posted is None and self._start_locked()
+            if start:  # posting rests (cold data, busy cores): the thread copies while the caller is away
+                self._executor.submit(self._work)
+        return posted is not None
 
     def _joined(self) -> None:
         """The posted batch's frames are read: post the next one."""
@@ -211,6 +230,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         except BaseException as exc:  # handed to the caller with this batch
             job.error = exc
         cold = _reads() - before >= self.COLD_READS
+        start = False
         with self._lock:
             job.state = _DONE
             if self._posted is job:
@@ -220,6 +240,9 @@ class BatchIterator(Iterator[T], Generic[T]):
             if cold != self._cold:
                 self._cold = cold
                 self._caller_left.notify_all()
+                start = cold and self._start_locked()
+        if start:
+            self._executor.submit(self._work)
 
     def _work(self) -> None:
         """The prefetch thread's task: copy the oldest unstarted batches until none is left.
@@ -244,6 +267,13 @@ class BatchIterator(Iterator[T], Generic[T]):
                         pause = self.AWAY
                         break  # out of __next__ for a while: a learner's step
                     self._caller_left.wait(self.AWAY - away)
+                if self._posting and not self._cold:  # the helpers read the warm batches, posted by the caller
+                    self._working = False
+                    return
+                post = self._post is not None and not self._cold and not self._closed and self._posted is None
+            if post and self._post_next(caller=False):
+                continue  # (posting again: the caller posts the next ones)
+            with self._lock:
                 job = self._claim_locked()
                 if job is None:
                     self._working = False
@@ -264,6 +294,8 @@ class BatchIterator(Iterator[T], Generic[T]):
             head = self._jobs[0]
             if self._handout is not None:  # e.g. a rate limit: if it raises, the batch stays first in line
                 self._handout(int(head.draw.ids.size))
+            if head.state == _DONE and self._post is not None:
+                self._post_next()  # copied by the prefetch thread: posting the next one starts again here
             while head.state != _DONE:
                 # rather than wait: copy the batch to hand out if nobody has started it, and on cold
                 # data (reads to overlap) the oldest batch nobody has started
@@ -325,6 +357,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._in_next = False
         self._working = False
         self._posted = None
+        self._posting = False
         for job in self._jobs:
             if job.state in (_RUNNING, _POSTED):
                 job.state, job.posted, job.batch, job.error = _PENDING, None, None, None
