@@ -25,7 +25,17 @@ caller's thread runs, whichever claims it first, oldest first:
   started it, the caller copies it itself, as ``sample()`` would: no hand-off;
 - the prefetch thread copies ahead while the caller is away from ``next()``
   (a learner's step), so a learner slower than the copies finds its batches
-  ready. While the caller keeps coming back at once (a tight loop), the
+  ready, but only while posting rests (cold data, or ``PostGate`` found joins
+  slower than reads): while posts start reads, the caller posts the next
+  batch at every hand-out, also after one the thread copied, and the thread
+  steps aside. Its copies run Python (the assembling around the kernels),
+  and beside a learner whose Python holds the GIL that Python takes turns
+  with the learner's, and every time the thread takes the GIL back after a
+  kernel it may wait for the interpreter's switch interval; a posted read
+  runs in the helpers' native code from post to join, and the caller's
+  ``next()`` finds it done. When posting rests, the thread tries a post
+  before each copy, so posting starts again as soon as it can.
+  While the caller keeps coming back at once (a tight loop), the
   thread stays out of the way: a second copy at the same time would compete
   for the cores and the memory bus with the caller's own (more CPU per batch
   at large batches), and waking it for every batch costs more than it saves.
@@ -218,7 +228,9 @@ class BatchIterator(Iterator[T], Generic[T]):
 
     def _run(self, job: _Job, caller: bool = False) -> None:
         """Copy a claimed job (``caller``: in ``__next__``, which may post the next one)."""
-        before = _reads()  # (a posted job: the caller's join; what the helper read earlier held nobody up)
+        # a posted job's frames were read by the helpers: its join says nothing of the disk (data turning cold
+        # shows as joins slower than reads, and posting rests: FrameReader.post_stacks)
+        before = _reads() if job.posted is None else -1
         try:
             if job.posted is None:
                 job.batch = self._assemble(job.draw)
@@ -229,7 +241,7 @@ class BatchIterator(Iterator[T], Generic[T]):
                 job.batch = self._assemble(job.draw, job.posted, then)
         except BaseException as exc:  # handed to the caller with this batch
             job.error = exc
-        cold = _reads() - before >= self.COLD_READS
+        cold = self._cold if before < 0 else _reads() - before >= self.COLD_READS
         start = False
         with self._lock:
             job.state = _DONE
@@ -252,7 +264,8 @@ class BatchIterator(Iterator[T], Generic[T]):
         at the same time would only compete with it for the cores and the memory bus. While the caller
         is inside ``__next__`` it looks again after a pause that doubles up to ``AWAY_MAX``, so a tight
         loop costs it a few wake-ups per second rather than one per batch. On cold data it goes ahead
-        at once: the page reads of two batches overlap.
+        at once: the page reads of two batches overlap. On warm data it posts the oldest unstarted batch
+        rather than copy it where a post starts a read, and leaves while posting goes on.
         """
         pause = self.AWAY
         while True:
