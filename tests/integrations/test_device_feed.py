@@ -377,8 +377,7 @@ def test_a_slow_learner_s_batches_stay_as_handed_out(torch, mt, atari_store, way
             mr.ReplayStore.open(atari_store, "r", seed=9) as b:
         from tests._support import internals
 
-        internals.reader(a).MIN_SHARED_BYTES = 0
-        internals.reader(a)._gate.SLOWER = 1e9  # (joins slowed by other work: posting would rest)
+        gate = internals.posting_always(a)
         feed = _feed(mt, torch, a, 40, way)
         held: list[tuple[object, dict[str, np.ndarray]]] = []
         for i in range(40):
@@ -395,4 +394,4 @@ def test_a_slow_learner_s_batches_stay_as_handed_out(torch, mt, atari_store, way
         from mmreplay.reading.readpolicy import usable_cpus
 
         if way == "cpu-host-stacks" and usable_cpus() > 1:
-            assert internals.reader(a)._gate.posts >= 20  # the helpers read the batches of a learner away
+            assert gate.posts >= 20  # the helpers read the batches of a learner away

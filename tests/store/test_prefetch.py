@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -173,17 +172,8 @@ def test_a_learner_away_between_batches_gets_them_read_by_the_helpers(tmp_path):
     b.close()
     a = mr.ReplayStore.open(tmp_path / "a", read_threads=2)
     b = mr.ReplayStore.open(tmp_path / "b")
-    reader = internals.reader(a)
-    reader.MIN_SHARED_BYTES = 0
-    reader._gate.SLOWER = 1e9  # (joins slowed by other work on a busy machine: posting would rest)
-    copied_by: list[str] = []
-    assemble = a._assemble_draw
-
-    def recorded(d, posted=None, then=None):  # noqa: ANN001, ANN202
-        copied_by.append("posted" if posted is not None else threading.current_thread().name)
-        return assemble(d, posted, then)
-
-    a._assemble_draw = recorded
+    gate = internals.posting_always(a)
+    copied_by = internals.record_batch_copies(a)
     it = a.batches(512, prefetch=2)
     for i in range(30):
         got = next(it)
@@ -195,7 +185,7 @@ def test_a_learner_away_between_batches_gets_them_read_by_the_helpers(tmp_path):
             for want in b_pending:
                 _same(next(it), want)
         time.sleep(0.005)  # the learner's step
-    assert reader._gate.posts >= 25
+    assert gate.posts >= 25
     assert copied_by.count("posted") >= 25 and not any(n.startswith("mmreplay-prefetch") for n in copied_by)
     it.close()
     a.close()
