@@ -188,6 +188,17 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
     return rates, timers
 
 
+def commit_of(root: str) -> str:
+    """The short commit id of the checkout at ``root`` ("?" where git cannot tell)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
 def modes_of(baseline: Any) -> tuple[str, ...]:
     return ("sample", "batches2", "feed") + (("baseline",) if baseline else ())
 
@@ -296,10 +307,13 @@ def main() -> None:
         f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
         " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"]
-              + (["feed (baseline)"] if baseline else []), rows),
+              + (["feed (baseline)"] if baseline else []), rows)
+        + (f"\n\nfeed (baseline): the feed of commit {commit_of(args.baseline)} (its `mmreplay/torch.py` and"
+           " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows." if baseline else ""),
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
-        " the GIL it holds there: the draw of batch i+2, hand-out bookkeeping; the frames are read by the store's"
-        " background threads):",
+        " the GIL it holds there: the draw of batch i+2, joining the read of batch i and posting that of batch i+1 to"
+        " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
+        " while the learner steps):",
         table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
         "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
