@@ -115,7 +115,7 @@ class TensorSequenceBatch:
 
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(a))
+    return torch.from_numpy(a if a.flags.c_contiguous else np.ascontiguousarray(a))
 
 
 _BATCH_FIELDS = ("obs", "action", "reward", "next_obs", "discount", "terminated", "truncated", "index", "weight")
@@ -516,6 +516,11 @@ class DeviceBatches(Iterator[Any]):
 
     def _on_cpu(self, batch: Any) -> Any:
         """``device="cpu"``: the stacks gathered from the frames (into pinned tensors when asked)."""
+        if type(batch) is Batch and not self._pin:  # host_stacks: sample()'s arrays, as few calls as it takes
+            t = _tensor
+            return TensorBatch(t(batch.obs), t(batch.action), t(batch.reward), t(batch.next_obs), t(batch.discount),
+                               t(batch.terminated), t(batch.truncated), t(batch.index), t(batch.weight),
+                               {k: t(v) for k, v in batch.extras.items()} if batch.extras else {})
         if isinstance(batch, (Batch, SequenceBatch)):  # host_stacks: sample()'s arrays
             tensors = to_tensors(batch, as_dict=False)
             return _pin(tensors) if self._pin else tensors
@@ -569,6 +574,8 @@ class DeviceBatches(Iterator[Any]):
     # the consumer's thread ------------------------------------------------------------------------------
     def __next__(self) -> Any:
         out = next(self._it)
+        if type(out) is Batch:  # the CPU, host stacks (the usual case first)
+            return self._on_cpu(out)
         if isinstance(out, _Sent):
             assert self.copier is not None
             self.copier.consume(out.ready, out.keep)

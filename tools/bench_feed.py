@@ -18,6 +18,11 @@ Writes the ``feed`` section of BENCHMARKS.md.
 
     python tools/bench_feed.py                       # capacity 50,000, 5 rounds: ~4 min
     python tools/bench_feed.py --capacity 20000 --rounds 2 --seconds 1 --no-write
+    python tools/bench_feed.py --baseline ../old    # also the feed of another checkout, same windows
+
+``--baseline DIR`` loads ``DIR``'s ``mmreplay/torch.py`` and ``mmreplay/reading/prefetch.py`` (an earlier
+commit's feed and prefetching iterator; the rest of the package is this checkout's) and measures its feed in
+the same alternating windows, as "feed (baseline)".
 """
 
 from __future__ import annotations
@@ -123,11 +128,39 @@ class NextTimer:
         return out
 
 
-def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float
-                  ) -> tuple[dict[str, list[float]], NextTimer]:
-    modes = ("alone", "sample", "batches2", "feed")
+def baseline_feed(root: str) -> Callable[..., Any]:
+    """``device_batches`` of the checkout at ``root`` (its torch.py and prefetching iterator)."""
+    import importlib.util
+
+    import mmreplay.core.drawing as drawing
+
+    def load(name: str, rel: str) -> Any:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(root, rel))
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+
+    old_iterator = load("mmreplay.reading._baseline_prefetch", "mmreplay/reading/prefetch.py").BatchIterator
+    old_torch = load("mmreplay._baseline_torch", "mmreplay/torch.py")
+
+    def make(*args: Any, **kwargs: Any) -> Any:
+        new_iterator = drawing.BatchIterator
+        drawing.BatchIterator = old_iterator  # type: ignore[misc]
+        try:
+            return old_torch.device_batches(*args, **kwargs)
+        finally:
+            drawing.BatchIterator = new_iterator  # type: ignore[misc]
+
+    return make
+
+
+def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float,
+                  baseline: Callable[..., Any] | None = None) -> tuple[dict[str, list[float]], dict[str, NextTimer]]:
+    modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ())
     rates: dict[str, list[float]] = {m: [] for m in modes}
-    timer = NextTimer()
+    timers = {"feed": NextTimer(), "baseline": NextTimer()}
     for r in range(rounds):
         for m in (modes if r % 2 == 0 else modes[::-1]):
             it: Any = None
@@ -143,7 +176,8 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
                 def step() -> None:
                     learner.update(to_tensors(next(it), as_dict=False))  # noqa: B023 (used within the window)
             else:
-                it = device_batches(store, b, "cpu", prefetch=2)
+                it = (device_batches if m == "feed" else baseline)(store, b, "cpu", prefetch=2)  # type: ignore[operator]
+                timer = timers[m]
 
                 def step() -> None:
                     learner.update(timer.next(it))  # noqa: B023
@@ -151,7 +185,22 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
             if it is not None:
                 it.close()
         log(f"B={b} round {r}: " + ", ".join(f"{m} {rates[m][-1]:.0f}/s" for m in modes))
-    return rates, timer
+    return rates, timers
+
+
+def commit_of(root: str) -> str:
+    """The short commit id of the checkout at ``root`` ("?" where git cannot tell)."""
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+
+
+def modes_of(baseline: Any) -> tuple[str, ...]:
+    return ("sample", "batches2", "feed") + (("baseline",) if baseline else ())
 
 
 def cpu_per_1000(step: Callable[[], Any], n: int) -> float:
@@ -196,7 +245,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, action="append", help="default: 32 and 256")
     ap.add_argument("--no-cpprb", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--baseline", metavar="DIR", help="also measure the feed of the checkout at DIR")
     args = ap.parse_args()
+    baseline = baseline_feed(os.path.abspath(args.baseline)) if args.baseline else None
     sizes = args.batch or [32, 256]
     load0 = os.getloadavg()[0]
     torch.set_num_threads(1)  # the learner's tiny ops: no intra-op pool
@@ -214,15 +265,18 @@ def main() -> None:
         rows, gil, cpu_rows = [], [], []
         rb = None if args.no_cpprb else cpprb_buffer(args.capacity, pool, steps)
         for b in sizes:
-            rates, timer = learner_rates(store, b, learner, args.rounds, args.seconds)
+            rates, timers = learner_rates(store, b, learner, args.rounds, args.seconds, baseline)
             ratio = {m: statistics.median(x / a for x, a in zip(rates[m], rates["alone"], strict=True))
                      for m in rates}
             rows.append([str(b), f"{statistics.median(rates['alone']):.0f}"]
-                        + [f"{statistics.median(rates[m]):.0f} ({ratio[m]:.2f})" for m in ("sample", "batches2", "feed")])
-            wall = np.array(timer.wall) * 1e6
-            cpu = np.array(timer.cpu) * 1e6
-            gil.append([str(b), f"{np.median(wall):.0f}", f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}",
-                        f"{np.percentile(cpu, 90):.0f}"])
+                        + [f"{statistics.median(rates[m]):.0f} ({ratio[m]:.2f})" for m in modes_of(baseline)])
+            for m in ("feed", "baseline") if baseline else ("feed",):
+                wall = np.array(timers[m].wall) * 1e6
+                cpu = np.array(timers[m].cpu) * 1e6
+                gil.append([str(b) + (" (baseline)" if m == "baseline" else ""), f"{np.median(wall):.0f}",
+                            f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}", f"{np.percentile(cpu, 90):.0f}"])
+            wall = np.array(timers["feed"].wall) * 1e6
+            cpu = np.array(timers["feed"].cpu) * 1e6
             n = max(200, 40_000 // b)
             it = device_batches(store, b, "cpu", prefetch=2)
             feed = cpu_per_1000(lambda: next(it), n)  # noqa: B023
@@ -252,11 +306,14 @@ def main() -> None:
         f" {args.seconds:g} s windows, alternating. Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f}"
         f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
         " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
-        table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"],
-              rows),
+        table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"]
+              + (["feed (baseline)"] if baseline else []), rows)
+        + (f"\n\nfeed (baseline): the feed of commit {commit_of(args.baseline)} (its `mmreplay/torch.py` and"
+           " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows." if baseline else ""),
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
-        " the GIL it holds there: the draw of batch i+2, hand-out bookkeeping; the frames are read by the store's"
-        " background threads):",
+        " the GIL it holds there: the draw of batch i+2, joining the read of batch i and posting that of batch i+1 to"
+        " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
+        " while the learner steps):",
         table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
         "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"

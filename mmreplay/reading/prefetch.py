@@ -25,7 +25,17 @@ caller's thread runs, whichever claims it first, oldest first:
   started it, the caller copies it itself, as ``sample()`` would: no hand-off;
 - the prefetch thread copies ahead while the caller is away from ``next()``
   (a learner's step), so a learner slower than the copies finds its batches
-  ready. While the caller keeps coming back at once (a tight loop), the
+  ready, but only while posting rests (cold data, or ``PostGate`` found joins
+  slower than reads): while posts start reads, the caller posts the next
+  batch at every hand-out, also after one the thread copied, and the thread
+  steps aside. Its copies run Python (the assembling around the kernels),
+  and beside a learner whose Python holds the GIL that Python takes turns
+  with the learner's, and every time the thread takes the GIL back after a
+  kernel it may wait for the interpreter's switch interval; a posted read
+  runs in the helpers' native code from post to join, and the caller's
+  ``next()`` finds it done. When posting rests, the thread tries a post
+  before each copy, so posting starts again as soon as it can.
+  While the caller keeps coming back at once (a tight loop), the
   thread stays out of the way: a second copy at the same time would compete
   for the cores and the memory bus with the caller's own (more CPU per batch
   at large batches), and waking it for every batch costs more than it saves.
@@ -137,6 +147,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._working = False  # a prefetch-thread task of this iterator is queued or running
         self._cold = False  # the last copy read from the disk
         self._posted: _Job | None = None  # the job whose frames were posted, until they are read
+        self._posting = False  # the last post started a read: warm batches are read by the helpers, not the thread
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._add(d)
@@ -144,12 +155,17 @@ class BatchIterator(Iterator[T], Generic[T]):
     def _add(self, d: DrawnBatch) -> None:
         with self._lock:  # the prefetch thread walks the deque in _claim
             self._jobs.append(_Job(d))
-            # one prefetch-thread task at a time, looping while there is work; with prefetch=0 the
-            # caller copies every batch itself: no task at all
-            start = self._prefetch > 0 and not self._working
-            self._working = self._working or start
+            start = self._start_locked()
         if start:
             self._executor.submit(self._work)
+
+    def _start_locked(self) -> bool:
+        """Whether to submit the prefetch thread's task now (then marked working). One task at a time, looping
+        while there is work; none with prefetch=0 (the caller copies every batch itself), nor while posting
+        reads the warm batches (the thread's copies would take turns with the caller on the GIL)."""
+        start = self._prefetch > 0 and not self._working and not self._closed and (self._cold or not self._posting)
+        self._working = self._working or start
+        return start
 
     def _fill(self) -> None:
         while len(self._jobs) < self._prefetch + 1:
@@ -170,26 +186,39 @@ class BatchIterator(Iterator[T], Generic[T]):
                 break
         return None
 
-    def _post_next(self) -> None:
+    def _post_next(self, caller: bool = True) -> bool:
         """Post the frames of the batch after the one being handed out (the caller's thread, its frames
         just read): the reader's helper thread reads them while the caller is away and draws the next
-        batch, and the caller reads what is left when it comes for it. Warm data only."""
+        batch, and the caller reads what is left when it comes for it. Warm data only. Not ``caller``: the
+        prefetch thread posts the oldest unstarted batch instead of copying it (posting starts again after
+        it rested). Returns whether a read started."""
         with self._lock:
-            job = self._jobs[1] if len(self._jobs) > 1 else None
-            if job is None or job.state != _PENDING or self._cold or self._closed or self._posted is not None:
-                return
+            if self._cold or self._closed or self._posted is not None:
+                return False
+            if caller:
+                job = self._jobs[1] if len(self._jobs) > 1 else None
+            else:
+                job = next((j for j in self._jobs if j.state == _PENDING), None)
+            if job is None or job.state != _PENDING:
+                return False
             job.state = _POSTED
         posted = None
+        start = False
         try:
             posted = self._post(job.draw)  # type: ignore[misc]
         finally:
             with self._lock:
+                self._posting = posted is not None
                 if job.state == _POSTED:
                     job.posted = posted
                     if posted is None:
                         job.state = _PENDING
                     else:
                         self._posted = job
+                start = caller and posted is None and self._start_locked()
+            if start:  # posting rests (cold data, busy cores): the thread copies while the caller is away
+                self._executor.submit(self._work)
+        return posted is not None
 
     def _joined(self) -> None:
         """The posted batch's frames are read: post the next one."""
@@ -199,7 +228,9 @@ class BatchIterator(Iterator[T], Generic[T]):
 
     def _run(self, job: _Job, caller: bool = False) -> None:
         """Copy a claimed job (``caller``: in ``__next__``, which may post the next one)."""
-        before = _reads()  # (a posted job: the caller's join; what the helper read earlier held nobody up)
+        # a posted job's frames were read by the helpers: its join says nothing of the disk (data turning cold
+        # shows as joins slower than reads, and posting rests: FrameReader.post_stacks)
+        before = _reads() if job.posted is None else -1
         try:
             if job.posted is None:
                 job.batch = self._assemble(job.draw)
@@ -210,7 +241,8 @@ class BatchIterator(Iterator[T], Generic[T]):
                 job.batch = self._assemble(job.draw, job.posted, then)
         except BaseException as exc:  # handed to the caller with this batch
             job.error = exc
-        cold = _reads() - before >= self.COLD_READS
+        cold = self._cold if before < 0 else _reads() - before >= self.COLD_READS
+        start = False
         with self._lock:
             job.state = _DONE
             if self._posted is job:
@@ -220,6 +252,9 @@ class BatchIterator(Iterator[T], Generic[T]):
             if cold != self._cold:
                 self._cold = cold
                 self._caller_left.notify_all()
+                start = cold and self._start_locked()
+        if start:
+            self._executor.submit(self._work)
 
     def _work(self) -> None:
         """The prefetch thread's task: copy the oldest unstarted batches until none is left.
@@ -229,7 +264,8 @@ class BatchIterator(Iterator[T], Generic[T]):
         at the same time would only compete with it for the cores and the memory bus. While the caller
         is inside ``__next__`` it looks again after a pause that doubles up to ``AWAY_MAX``, so a tight
         loop costs it a few wake-ups per second rather than one per batch. On cold data it goes ahead
-        at once: the page reads of two batches overlap.
+        at once: the page reads of two batches overlap. On warm data it posts the oldest unstarted batch
+        rather than copy it where a post starts a read, and leaves while posting goes on.
         """
         pause = self.AWAY
         while True:
@@ -244,6 +280,13 @@ class BatchIterator(Iterator[T], Generic[T]):
                         pause = self.AWAY
                         break  # out of __next__ for a while: a learner's step
                     self._caller_left.wait(self.AWAY - away)
+                if self._posting and not self._cold:  # the helpers read the warm batches, posted by the caller
+                    self._working = False
+                    return
+                post = self._post is not None and not self._cold and not self._closed and self._posted is None
+            if post and self._post_next(caller=False):
+                continue  # (posting again: the caller posts the next ones)
+            with self._lock:
                 job = self._claim_locked()
                 if job is None:
                     self._working = False
@@ -264,6 +307,8 @@ class BatchIterator(Iterator[T], Generic[T]):
             head = self._jobs[0]
             if self._handout is not None:  # e.g. a rate limit: if it raises, the batch stays first in line
                 self._handout(int(head.draw.ids.size))
+            if head.state == _DONE and self._post is not None:
+                self._post_next()  # copied by the prefetch thread: posting the next one starts again here
             while head.state != _DONE:
                 # rather than wait: copy the batch to hand out if nobody has started it, and on cold
                 # data (reads to overlap) the oldest batch nobody has started
@@ -325,6 +370,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._in_next = False
         self._working = False
         self._posted = None
+        self._posting = False
         for job in self._jobs:
             if job.state in (_RUNNING, _POSTED):
                 job.state, job.posted, job.batch, job.error = _PENDING, None, None, None

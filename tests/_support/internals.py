@@ -31,6 +31,29 @@ def reader(store: mr.ReplayStore) -> Any:
     return store._reader
 
 
+def posting_always(store: mr.ReplayStore) -> Any:
+    """Have the store's reader post every batch it may (any size; joins slowed by other work on a busy
+    machine do not rest posting); returns its ``PostGate`` (``.posts``: reads posted so far)."""
+    r = store._reader
+    r.MIN_SHARED_BYTES = 0
+    r._gate.SLOWER = 1e9
+    return r._gate
+
+
+def record_batch_copies(store: mr.ReplayStore) -> list[str]:
+    """From now on, who copies each of the store's prefetched batches: "posted" (joined from the reader's
+    helper threads) or the copying thread's name."""
+    copied_by: list[str] = []
+    assemble = store._assemble_draw
+
+    def recorded(d: Any, posted: Any = None, then: Any = None) -> Any:
+        copied_by.append("posted" if posted is not None else threading.current_thread().name)
+        return assemble(d, posted, then)
+
+    store._assemble_draw = recorded  # type: ignore[method-assign]
+    return copied_by
+
+
 def sampler(store: mr.ReplayStore) -> Any:
     """The store's sampler (``sampling/``)."""
     return store._parts.sampler

@@ -158,3 +158,67 @@ def test_close_drops_unstarted_copies_and_waits_for_running_ones(executor):
     assert len(rec.copied) <= 1  # the unstarted ones were dropped, not copied
     with pytest.raises(StopIteration):
         next(it)
+
+
+class Poster(Recorder):
+    """A Recorder whose batches' frames can be posted (a stand-in for the reader's helper threads): ``accept``
+    says whether a post starts a read (False: as when posting rests, on cold data or busy cores)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.accept = True
+        self.posted: list[int] = []
+        self.joined: list[int] = []
+        self.every: list[int] = []  # every batch copied, by anyone
+
+    def post(self, d: DrawnBatch) -> tuple[str, int] | None:
+        if not self.accept:
+            return None
+        self.posted.append(int(d.ids[0]))
+        return ("read", int(d.ids[0]))
+
+    def assemble(self, d: DrawnBatch, posted: tuple[str, int] | None = None, then=None) -> Batch:  # noqa: ANN001
+        if posted is not None:
+            assert posted == ("read", int(d.ids[0]))  # a batch is finished from its own posted read
+            self.joined.append(int(d.ids[0]))
+        if then is not None:
+            then()
+        self.every.append(int(d.ids[0]))
+        return super().assemble(d)
+
+
+def test_while_posting_starts_reads_the_prefetch_thread_leaves_a_learner_s_batches_to_the_helpers(executor):
+    """A learner away between batches: the caller posts each next batch's read as it hands one out, the
+    helpers read it meanwhile, and the prefetch thread (whose Python would take turns with the learner on the
+    GIL) copies nothing; once posts stop starting reads, the thread copies ahead again."""
+    rec = Poster()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2, post=rec.post)
+    got = []
+    for _ in range(15):
+        got.append(int(next(it).index[0]))
+        time.sleep(0.01)  # a learner's step: 20 times the thread's AWAY
+    assert got == list(range(15))
+    assert set(rec.threads) == {threading.current_thread().name}
+    assert rec.joined == list(range(1, 15))  # every batch after the first, from its posted read
+    assert rec.posted == list(range(1, 16))  # one read at a time: the next batch's, as each is handed out
+    rec.accept = False
+    rec.copied.clear()
+    rec.threads.clear()
+    for _ in range(10):
+        got.append(int(next(it).index[0]))
+        time.sleep(0.02)
+    assert got == list(range(25))
+    assert sum(name.startswith("prefetch") for name in rec.threads) >= 7
+    rec.accept = True  # posting again once a post starts a read: the thread steps aside
+    for _ in range(6):
+        got.append(int(next(it).index[0]))
+        time.sleep(0.01)
+    rec.threads.clear()
+    for _ in range(8):
+        got.append(int(next(it).index[0]))
+        time.sleep(0.01)
+    assert got == list(range(39))
+    assert set(rec.threads) == {threading.current_thread().name}
+    it.drain()
+    assert sorted(rec.every) == list(range(41))  # each drawn batch copied once (the last two by drain)
+    it.close()

@@ -366,3 +366,32 @@ def test_reader_gather_into_a_callers_array():
         with pytest.raises(ValueError, match="out: expected"):
             reader.gather(slots, out=bad)
     reader.close()
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_slow_learner_s_batches_stay_as_handed_out(torch, mt, atari_store, way):
+    """A learner that keeps its last three batches and steps between them (so the next batches' frames are
+    read by helper threads or the prefetch thread meanwhile, and output buffers are recycled): no batch it
+    still holds is overwritten, and every batch is ``sample()``'s."""
+    with mr.ReplayStore.open(atari_store, "r", seed=9, read_threads=2) as a, \
+            mr.ReplayStore.open(atari_store, "r", seed=9) as b:
+        from tests._support import internals
+
+        gate = internals.posting_always(a)
+        feed = _feed(mt, torch, a, 40, way)
+        held: list[tuple[object, dict[str, np.ndarray]]] = []
+        for i in range(40):
+            tb = next(feed)
+            want = b.sample(40)
+            assert_batch(tb, want)
+            held.append((tb, {name: getattr(want, name) for name in ("obs", "next_obs", "index")}))
+            if len(held) > 3:
+                old, arrays = held.pop(0)
+                for name, a_ in arrays.items():  # still what it was when handed out, 3 batches later
+                    assert np.array_equal(getattr(old, name).numpy(), a_), (i, name)
+            time.sleep(0.004 if i % 4 else 0.0)  # the learner's step (a tight loop now and then)
+        feed.close()
+        from mmreplay.reading.readpolicy import usable_cpus
+
+        if way == "cpu-host-stacks" and usable_cpus() > 1:
+            assert gate.posts >= 20  # the helpers read the batches of a learner away

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -151,5 +153,40 @@ def test_prefetched_batches_are_planned_when_drawn(tmp_path):
     got += [next(it) for _ in range(3)]
     for x, y in zip(got, want, strict=True):
         _same(x, y)
+    a.close()
+    b.close()
+
+
+def test_a_learner_away_between_batches_gets_them_read_by_the_helpers(tmp_path):
+    """A learner's step between batches: the caller posts each next batch's frames to the reader's helper
+    threads as it hands one out (no Python thread copies between draw and hand-out), and the batches are still
+    repeated ``sample()``'s, with a priority update first affecting batch i + p + 1."""
+    from mmreplay.reading.readpolicy import usable_cpus
+    from tests._support import internals
+
+    if usable_cpus() < 2:
+        pytest.skip("needs 2 CPUs: the helpers read only beside the caller")
+    a = _fill(tmp_path / "a", mr.Prioritized(), steps=3000, capacity=2000, chunk_size=256)
+    b = _fill(tmp_path / "b", mr.Prioritized(), steps=3000, capacity=2000, chunk_size=256)
+    a.close()
+    b.close()
+    a = mr.ReplayStore.open(tmp_path / "a", read_threads=2)
+    b = mr.ReplayStore.open(tmp_path / "b")
+    gate = internals.posting_always(a)
+    copied_by = internals.record_batch_copies(a)
+    it = a.batches(512, prefetch=2)
+    for i in range(30):
+        got = next(it)
+        _same(got, b.sample(512))
+        if i == 20:  # first affects the batch drawn at the hand-out after next: 20 + 2 + 1
+            a.update_priorities(got.index[:1], [1e6])
+            b_pending = [b.sample(512) for _ in range(2)]
+            b.update_priorities(got.index[:1], [1e6])
+            for want in b_pending:
+                _same(next(it), want)
+        time.sleep(0.005)  # the learner's step
+    assert gate.posts >= 25
+    assert copied_by.count("posted") >= 25 and not any(n.startswith("mmreplay-prefetch") for n in copied_by)
+    it.close()
     a.close()
     b.close()
