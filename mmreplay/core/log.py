@@ -118,7 +118,10 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
-        self._deleting: list[Future[None]] = []  # _in_background work: deletions, directory syncs
+        self._deleting: list[Future[None]] = []  # _in_background work: deletions
+        # Chunk files were created or renamed (a seal's compressed frame file) since the chunks directory
+        # was last fsynced: ``wait_sealed`` syncs it once, before any manifest can name them.
+        self._dir_unsynced = False
         self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
@@ -250,11 +253,12 @@ class ChunkLog:
         if len(self.chunks) + 1 > self.ring.positions:
             self._reap(block=True)
             self._grow()
-        # The new files' directory entries are made durable in the sealer thread (an fsync of the directory
-        # waits for the disk: milliseconds per roll); every commit and snapshot waits for that thread's work
-        # (wait_sealed) before its manifest names the chunk.
+        # The new files' directory entries (and the compressed frame file the seal below renames into
+        # place) are made durable by one fsync of the directory in ``wait_sealed``, which every commit and
+        # snapshot calls before its manifest names the chunk: not one per roll and one per seal (each
+        # waits for the disk: milliseconds), most of them for chunks retired before any commit.
         self.ring.create_chunk(seq, sync_dir=False)
-        self._in_background(self.ring.sync_dir)
+        self._dir_unsynced = True
         full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
         if full is not None:
             self._close_fd()
@@ -326,11 +330,15 @@ class ChunkLog:
     def wait_sealed(self) -> None:
         """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
         chunk's frames are read from its compressed file from then on. The other work handed to the
-        sealer thread (``_in_background``: deletions, directory syncs) is finished too."""
+        sealer thread (``_in_background``: deletions) is finished too, and the chunks directory is fsynced
+        if a chunk file was created or renamed since the last time (a manifest names only durable files)."""
         self._reap(block=True)
         for f in self._deleting:
             f.result()
         self._deleting = []
+        if self._dir_unsynced:
+            self.ring.sync_dir()
+            self._dir_unsynced = False
 
     def _reap(self, block: bool) -> None:
         """Take the results of the background seals that finished (``block``: of all, waiting)."""
@@ -351,8 +359,7 @@ class ChunkLog:
 
     def _in_background(self, work: Callable[..., None], *args: Any) -> None:
         """Run ``work`` now, in the sealer thread, after the seals before it: deleting files no commit lists
-        (freeing their page cache takes milliseconds that step() should not wait for), syncing the chunks
-        directory. ``wait_sealed`` (and so every commit, snapshot and ``close``) waits for it: a manifest
+        (freeing their page cache takes milliseconds that step() should not wait for). ``wait_sealed`` (and so every commit, snapshot and ``close``) waits for it: a manifest
         names only durable files, and a writer reopening the store may create chunks of the same names."""
         self._deleting = [f for f in self._deleting if not f.done()]
         try:
@@ -484,6 +491,7 @@ class ChunkLog:
         self._executor = None
         self._sealing.clear()
         self._deleting = []
+        self._dir_unsynced = False
 
     def close(self, failed: bool = False) -> None:
         """Finish the background seals and release everything. ``failed``: a disk error already turned the

@@ -398,7 +398,8 @@ class ChunkRing:
         or None when its frames do not shrink enough (``framefile.MIN_SAVING``): it stays raw.
 
         Runs in the background sealer: it only reads the chunk's mapped raw frames. Raises ``OSError``
-        (a full disk); nothing is left behind then.
+        (a full disk); nothing is left behind then. The file's data is durable, its name not yet: the
+        caller fsyncs the chunks directory (``sync_dir``) before a manifest names it.
         """
         if not self.codec:
             raise ValueError("this store keeps its frames raw")
@@ -407,7 +408,7 @@ class ChunkRing:
         start = (seq % self.positions) * cb
         raw = self.raw_frames[start:start + self.schema.chunk_size * self.frame_bytes]
         got = framefile.write(self.compressed_path(name), raw, self.schema.chunk_size, self.schema.obs_dtype,
-                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING)
+                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING, sync_dir=False)
         return None if got is None else framefile.describe(self.codec, *got)
 
     def use_compressed(self, seq: int, nbytes: int) -> None:
