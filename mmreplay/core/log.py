@@ -118,7 +118,7 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
-        self._deleting: list[Future[None]] = []  # _in_background work: deletions
+        self._queued: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # _in_background work not yet handed
         # Chunk files were created or renamed (a seal's compressed frame file) since the chunks directory
         # was last fsynced: ``wait_sealed`` syncs it once, before any manifest can name them.
         self._dir_unsynced = False
@@ -278,15 +278,20 @@ class ChunkLog:
             # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
             # GIL); whatever needs the result or unmaps the chunk (commit, save, close, retiring or
             # growing) waits first.
-            self._sealing.append((full, self._sealer().submit(self._seal, full.seq)))
+            queued, self._queued = self._queued, []  # (the deletions of this roll go with the seal: one hand-off)
+            self._sealing.append((full, self._sealer().submit(self._seal, full.seq, queued)))
 
-    def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
-        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file.
+    def _seal(self, seq: int, before: list[tuple[Callable[..., None], tuple[Any, ...]]]
+              ) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file; ``before``:
+        the ``_in_background`` work queued since the last seal, done first.
 
         A disk error (``OSError``) propagates: the store turns read-only. A chunk whose frames do not
         shrink enough, or anything else going wrong while compressing, leaves the chunk raw, its frames
         made durable and checksummed like a raw store's.
         """
+        for work, args in before:
+            work(*args)
         crcs = self.ring.finish_seal(seq)
         if not self.ring.codec:
             return crcs, None
@@ -333,9 +338,9 @@ class ChunkLog:
         sealer thread (``_in_background``: deletions) is finished too, and the chunks directory is fsynced
         if a chunk file was created or renamed since the last time (a manifest names only durable files)."""
         self._reap(block=True)
-        for f in self._deleting:
-            f.result()
-        self._deleting = []
+        queued, self._queued = self._queued, []
+        for work, args in queued:  # (the sealer thread is idle now: nothing to run beside)
+            work(*args)
         if self._dir_unsynced:
             self.ring.sync_dir()
             self._dir_unsynced = False
@@ -358,14 +363,12 @@ class ChunkLog:
             self._in_background(self.ring.delete_raw_frames, info.name)  # no commit ever listed it
 
     def _in_background(self, work: Callable[..., None], *args: Any) -> None:
-        """Run ``work`` now, in the sealer thread, after the seals before it: deleting files no commit lists
-        (freeing their page cache takes milliseconds that step() should not wait for). ``wait_sealed`` (and so every commit, snapshot and ``close``) waits for it: a manifest
-        names only durable files, and a writer reopening the store may create chunks of the same names."""
-        self._deleting = [f for f in self._deleting if not f.done()]
-        try:
-            self._deleting.append(self._sealer().submit(work, *args))
-        except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
-            work(*args)
+        """Run ``work`` in the sealer thread: deleting files no commit lists (freeing their page cache takes
+        milliseconds that step() should not wait for). It is queued and handed over with the next seal (one
+        hand-off per roll: each wakes the thread, which then competes for the GIL), or run by ``wait_sealed``
+        (and so by every commit, snapshot and ``close``): a manifest names only durable files, and a writer
+        reopening the store may create chunks of the same names."""
+        self._queued.append((work, args))
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
@@ -490,7 +493,7 @@ class ChunkLog:
         store refuses writes in a child, ``ReplayStore``)."""
         self._executor = None
         self._sealing.clear()
-        self._deleting = []
+        self._queued = []
         self._dir_unsynced = False
 
     def close(self, failed: bool = False) -> None:
