@@ -1,13 +1,13 @@
 """The chunk log: chunk files + chunk table + in-RAM index, kept consistent.
 
 It owns the rules of the append-only log: rows are written only into the
-newest (open) chunk; a full chunk is sealed (fsynced, checksummed, made
+newest (open) chunk; a full chunk is sealed (checksummed, made
 read-only); capacity is enforced by retiring whole old chunks; the ring of
 mapped chunks grows if short episodes make chunks hold fewer transitions
 than planned. It knows nothing about episodes' user-facing rules or sampling.
 
 Compressed stores: the background sealer also writes a sealed chunk's
-compressed frame file (durably, under its final name only when complete).
+compressed frame file (under its final name only when complete).
 The writer's thread then switches the chunk's frames to that file (after
 background readers finish) at the next roll, commit, save or close. The raw
 frame file goes at once if no commit lists the chunk, otherwise at the first
@@ -122,6 +122,10 @@ class ChunkLog:
         # Chunk files were created or renamed (a seal's compressed frame file) since the chunks directory
         # was last fsynced: ``wait_sealed`` syncs it once, before any manifest can name them.
         self._dir_unsynced = False
+        # Chunks whose seal was reaped but whose files are not fsynced yet (``wait_sealed`` does it): a seal
+        # does not wait for the disk, most chunks are retired before any commit names them, and the kernel
+        # writes their pages back meanwhile (the fsyncs at a commit then find little to do).
+        self._unsynced: list[ChunkInfo] = []
         self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
@@ -275,7 +279,7 @@ class ChunkLog:
         self._end0 = int(self._run_end[0])
         self._open_writable(self.chunks[-1])
         if full is not None:
-            # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
+            # checksum (+ compression) of the full chunk run beside the writer (all release the
             # GIL); whatever needs the result or unmaps the chunk (commit, save, close, retiring or
             # growing) waits first.
             queued, self._queued = self._queued, []  # (the deletions of this roll go with the seal: one hand-off)
@@ -335,12 +339,19 @@ class ChunkLog:
     def wait_sealed(self) -> None:
         """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
         chunk's frames are read from its compressed file from then on. The other work handed to the
-        sealer thread (``_in_background``: deletions) is finished too, and the chunks directory is fsynced
-        if a chunk file was created or renamed since the last time (a manifest names only durable files)."""
+        sealer thread (``_in_background``: deletions) is finished too; then the files of the retained chunks
+        sealed since the last call are fsynced, and the chunks directory if a chunk file was created or
+        renamed since (a manifest names only durable files)."""
         self._reap(block=True)
         queued, self._queued = self._queued, []
         for work, args in queued:  # (the sealer thread is idle now: nothing to run beside)
             work(*args)
+        # a retired chunk's files are deleted, or were synced by the commit that lists it
+        retained = {id(c) for c in self.chunks}
+        for info in self._unsynced:
+            if id(info) in retained:
+                self.ring.sync_sealed(info.name, info.frames is not None)
+        self._unsynced = []
         if self._dir_unsynced:
             self.ring.sync_dir()
             self._dir_unsynced = False
@@ -350,6 +361,7 @@ class ChunkLog:
         while self._sealing and (block or self._sealing[0][1].done()):
             info, fut = self._sealing.popleft()
             info.crc32, frames = fut.result()
+            self._unsynced.append(info)
             if frames is not None:
                 self._use_compressed(info, frames)
 
@@ -494,6 +506,7 @@ class ChunkLog:
         self._executor = None
         self._sealing.clear()
         self._queued = []
+        self._unsynced = []
         self._dir_unsynced = False
 
     def close(self, failed: bool = False) -> None:
