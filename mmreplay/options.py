@@ -457,10 +457,12 @@ def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:
     of the capacity. Multiples of 4096 rows keep every column file page-aligned without padding; the
     1/8 cap bounds the slack (up to two chunks) a store carries.
 
-    A smaller store: 1/32 of its capacity, at least ~1 MiB of frames, at most the unit, a multiple of
+    A smaller store: 1/16 of its capacity, at least ~1 MiB of frames, at most the unit, a multiple of
     ``num_envs`` (at least 16 rows per stream). A chunk of a whole unit there would be most of the
     store's disk: the open chunk's files are preallocated raw at their full size (so a full disk is an
-    error, never a SIGBUS), while sealed chunks' frames shrink.
+    error, never a SIGBUS), while sealed chunks' frames shrink. Not smaller than 1/16: every chunk costs
+    a roll (files created and mapped, the oldest retired) and a seal (fsyncs, deletions), per row the
+    more often the smaller the chunk.
     """
     unit = _chunk_unit(num_envs)
     by_bytes = max(1, TARGET_CHUNK_BYTES // max(frame_bytes, 1))
@@ -469,5 +471,5 @@ def default_chunk_size(capacity: int, frame_bytes: int, num_envs: int) -> int:
         rows = min(by_bytes, by_capacity)
         return max(unit, (rows // unit) * unit)
     least = max(SMALL_CHUNK_BYTES // max(frame_bytes, 1), 16 * num_envs)
-    rows = min(unit, max(min(by_bytes, capacity // 32), least))
+    rows = min(unit, max(min(by_bytes, capacity // 16), least))
     return -(-rows // num_envs) * num_envs

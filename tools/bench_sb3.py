@@ -13,6 +13,12 @@ Three measurements, each in a fresh process so that its RssAnon (anonymous resid
   mmreplay faster) and the CPU each call took (the calling thread's, the whole process's).
 
 Writes the `sb3` section of BENCHMARKS.md. Example: python tools/bench_sb3.py --fill 200000
+
+--compare OTHER (with --rates-only): the rates part run --runs times from each tree in turn (OTHER, a checkout
+of another version, first, then this one, alternating), each run in its own process with its own SB3 buffer;
+prints one row per run (load at its start, add() rates, ratio and the range of its pairs, CPU per add) and
+writes nothing. --busy N starts N processes that only spin (`while True: pass`) beside the runs, as other
+work on a shared machine would, and stops them at the end.
 """
 
 from __future__ import annotations
@@ -184,19 +190,54 @@ def child_rates(capacity: int, rounds: int, seconds: float, workdir: str) -> dic
     return {"capacity": capacity, "rates": rates, "cpu": cpu}
 
 
-def run_child(kind: str, args: argparse.Namespace) -> dict:
+def run_child(kind: str, args: argparse.Namespace, root: str = ROOT) -> dict:
     work = tempfile.mkdtemp(prefix="bench-sb3-", dir=args.dir)
     try:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--work", work]
+        cmd = [sys.executable, os.path.join(root, "tools", "bench_sb3.py"), "--child", kind, "--work", work]
         for a in ("capacity", "fill", "rate_capacity", "rounds", "seconds"):
             cmd += [f"--{a.replace('_', '-')}", str(getattr(args, a))]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+        env = dict(os.environ, PYTHONPATH=root)
         out = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if out.returncode != 0:
             raise SystemExit(f"{kind} child failed:\n{out.stderr[-3000:]}")
         return json.loads(out.stdout.strip().splitlines()[-1])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def add_row(name: str, load: float, rates: dict) -> list[str]:
+    """One --compare row: the add() windows of a rates run."""
+    r, cpu = rates["rates"], rates["cpu"]
+    ratios = [a / b for a, b in zip(r["mmreplay add"], r["sb3 add"], strict=True)]
+    us = {k: [statistics.median(c[i] for c in cpu[f"{k} add"]) * 1e6 for i in (0, 1)] for k in ("sb3", "mmreplay")}
+    return [name, f"{load:.1f}", f"{statistics.median(r['sb3 add']):,.0f}", f"{statistics.median(r['mmreplay add']):,.0f}",
+            f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+            f"{us['sb3'][0]:.1f}", f"{us['mmreplay'][0]:.1f} / {us['mmreplay'][1]:.1f}"]
+
+
+def compare(args: argparse.Namespace) -> None:
+    """--compare: the rates part from the other tree and this one in turn (see the module's docstring)."""
+    other = os.path.abspath(args.compare)
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    rows = []
+    try:
+        if busy:
+            time.sleep(5)  # the load average catches up a little
+        for _ in range(args.runs):
+            for name, root in (("other", other), ("this", ROOT)):
+                load = os.getloadavg()[0]
+                rows.append(add_row(name, load, run_child("rates", args, root)))
+                print(" | ".join(rows[-1]), flush=True)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    from _report import table
+
+    print(f"\nother = {other}, capacity {args.rate_capacity:,}, {args.rounds} windows of {args.seconds:g} s,"
+          f" {args.busy} busy processes beside, {os.cpu_count()} cores\n")
+    print(table(["run", "load", "add() SB3", "add() mmreplay", "ratio (pairs)", "CPU us SB3",
+                 "CPU us mmreplay (thread / process)"], rows))
 
 
 def main() -> None:
@@ -210,6 +251,10 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where the stores go (default: the temporary directory)")
     ap.add_argument("--no-write", action="store_true", help="print, do not write BENCHMARKS.md")
     ap.add_argument("--rates-only", action="store_true", help="run the rates part alone and print it (writes nothing)")
+    ap.add_argument("--compare", default=None, metavar="OTHER",
+                    help="with --rates-only: alternate runs of OTHER (another checkout) and this tree; print, write nothing")
+    ap.add_argument("--runs", type=int, default=2, help="--compare: runs of each tree (default 2)")
+    ap.add_argument("--busy", type=int, default=0, help="--compare: processes spinning beside the runs (default 0)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -220,6 +265,13 @@ def main() -> None:
         print(json.dumps(child_rates(args.rate_capacity, args.rounds, args.seconds, args.work)))
         return
     load0 = os.getloadavg()[0]
+    if args.compare is not None:
+        if not args.rates_only:
+            ap.error("--compare needs --rates-only (it compares the rates part only)")
+        compare(args)
+        return
+    if args.busy:
+        ap.error("--busy goes with --compare")
     if args.rates_only:
         print(json.dumps(run_child("rates", args)))
         return

@@ -170,19 +170,38 @@ class Geometry:
         else:
             x = _largest_free_run(own)
         home = cur + 1 if cur >= 0 else s * self.per_section
-        if x != home or (x % self.per_section == 0 and cur >= 0):
+        left_home = bool(self.home[pos]) and (x != home or (x % self.per_section == 0 and cur >= 0))
+        if left_home:
             self.home[pos] = False  # a stream left its home section
         own[x] = s
-        self.erow[pos, x] = row
+        erow = self.erow[pos]
+        erow[x] = row
         self.current[s] = x
         key = s * _KEY + row
-        at = int(np.searchsorted(self._keys, key, side="right"))
-        self._keys = np.insert(self._keys, at, key)
-        self._kseq = np.insert(self._kseq, at, seq)
-        self._kx = np.insert(self._kx, at, x)
-        self._segments(pos)
-        self._refresh()
-        return pos * self.rows_alloc + x * self.extent
+        keys = self._keys
+        if keys.size == 0 or key > keys[-1]:  # the usual case: the newest row of the highest stream so far
+            self._keys = np.append(keys, key)
+            self._kseq = np.append(self._kseq, seq)
+            self._kx = np.append(self._kx, x)
+        else:
+            at = int(np.searchsorted(keys, key, side="right"))
+            self._keys = np.insert(keys, at, key)
+            self._kseq = np.insert(self._kseq, at, seq)
+            self._kx = np.insert(self._kx, at, x)
+        # The new extent's segment (an open chunk: every extent counts as full). It continues the segment
+        # of extent x - 1 when that holds the stream's rows just before; no extent after x can continue it
+        # (a stream's extents in a chunk hold rising rows, and x's are its newest).
+        e = self.extent
+        lo_, hi_ = self.seg_lo[pos], self.seg_hi[pos]
+        if x > 0 and own[x - 1] == s and erow[x - 1] + e == row:
+            lo = int(lo_[x - 1])
+            lo_[x] = lo
+            hi_[lo // e:x + 1] = (x + 1) * e
+        else:
+            lo_[x], hi_[x] = x * e, (x + 1) * e
+        if left_home:  # the only input of the arithmetic map's test that an allocation can change
+            self._refresh()
+        return pos * self.rows_alloc + x * e
 
     def seal(self, seq: int, fills: np.ndarray) -> None:
         """Chunk ``seq`` was sealed holding ``fills`` rows of each stream."""

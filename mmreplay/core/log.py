@@ -1,13 +1,13 @@
 """The chunk log: chunk files + chunk table + in-RAM index, kept consistent.
 
 It owns the rules of the append-only log: rows are written only into the
-newest (open) chunk; a full chunk is sealed (fsynced, checksummed, made
+newest (open) chunk; a full chunk is sealed (checksummed, made
 read-only); capacity is enforced by retiring whole old chunks; the ring of
 mapped chunks grows if short episodes make chunks hold fewer transitions
 than planned. It knows nothing about episodes' user-facing rules or sampling.
 
 Compressed stores: the background sealer also writes a sealed chunk's
-compressed frame file (durably, under its final name only when complete).
+compressed frame file (under its final name only when complete).
 The writer's thread then switches the chunk's frames to that file (after
 background readers finish) at the next roll, commit, save or close. The raw
 frame file goes at once if no commit lists the chunk, otherwise at the first
@@ -118,7 +118,14 @@ class ChunkLog:
         self._executor: ThreadPoolExecutor | None = None
         # Background seals in flight, oldest first (one sealer thread: they finish in this order).
         self._sealing: deque[tuple[ChunkInfo, Future[tuple[dict[str, int], dict[str, Any] | None]]]] = deque()
-        self._deleting: list[Future[None]] = []  # _in_background work: deletions, directory syncs
+        self._queued: list[tuple[Callable[..., None], tuple[Any, ...]]] = []  # _in_background work not yet handed
+        # Chunk files were created or renamed (a seal's compressed frame file) since the chunks directory
+        # was last fsynced: ``wait_sealed`` syncs it once, before any manifest can name them.
+        self._dir_unsynced = False
+        # Chunks whose seal was reaped but whose files are not fsynced yet (``wait_sealed`` does it): a seal
+        # does not wait for the disk, most chunks are retired before any commit names them, and the kernel
+        # writes their pages back meanwhile (the fsyncs at a commit then find little to do).
+        self._unsynced: list[ChunkInfo] = []
         self._prefix: PrefixCrc | None = None  # the open chunk's running checksums, as of the last commit
 
     # -- counters --------------------------------------------------------------------------------------
@@ -250,11 +257,12 @@ class ChunkLog:
         if len(self.chunks) + 1 > self.ring.positions:
             self._reap(block=True)
             self._grow()
-        # The new files' directory entries are made durable in the sealer thread (an fsync of the directory
-        # waits for the disk: milliseconds per roll); every commit and snapshot waits for that thread's work
-        # (wait_sealed) before its manifest names the chunk.
+        # The new files' directory entries (and the compressed frame file the seal below renames into
+        # place) are made durable by one fsync of the directory in ``wait_sealed``, which every commit and
+        # snapshot calls before its manifest names the chunk: not one per roll and one per seal (each
+        # waits for the disk: milliseconds), most of them for chunks retired before any commit.
         self.ring.create_chunk(seq, sync_dir=False)
-        self._in_background(self.ring.sync_dir)
+        self._dir_unsynced = True
         full = self.chunks[-1] if self.chunks and not self.chunks[-1].sealed else None
         if full is not None:
             self._close_fd()
@@ -271,18 +279,23 @@ class ChunkLog:
         self._end0 = int(self._run_end[0])
         self._open_writable(self.chunks[-1])
         if full is not None:
-            # fsync + checksum (+ compression) of the full chunk run beside the writer (all release the
+            # checksum (+ compression) of the full chunk run beside the writer (all release the
             # GIL); whatever needs the result or unmaps the chunk (commit, save, close, retiring or
             # growing) waits first.
-            self._sealing.append((full, self._sealer().submit(self._seal, full.seq)))
+            queued, self._queued = self._queued, []  # (the deletions of this roll go with the seal: one hand-off)
+            self._sealing.append((full, self._sealer().submit(self._seal, full.seq, queued)))
 
-    def _seal(self, seq: int) -> tuple[dict[str, int], dict[str, Any] | None]:
-        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file.
+    def _seal(self, seq: int, before: list[tuple[Callable[..., None], tuple[Any, ...]]]
+              ) -> tuple[dict[str, int], dict[str, Any] | None]:
+        """The background part of sealing (the sealer thread): CRCs, and the compressed frame file; ``before``:
+        the ``_in_background`` work queued since the last seal, done first.
 
         A disk error (``OSError``) propagates: the store turns read-only. A chunk whose frames do not
         shrink enough, or anything else going wrong while compressing, leaves the chunk raw, its frames
         made durable and checksummed like a raw store's.
         """
+        for work, args in before:
+            work(*args)
         crcs = self.ring.finish_seal(seq)
         if not self.ring.codec:
             return crcs, None
@@ -326,17 +339,29 @@ class ChunkLog:
     def wait_sealed(self) -> None:
         """Finish the background seals of full chunks (raises the first OSError, if any); a compressed
         chunk's frames are read from its compressed file from then on. The other work handed to the
-        sealer thread (``_in_background``: deletions, directory syncs) is finished too."""
+        sealer thread (``_in_background``: deletions) is finished too; then the files of the retained chunks
+        sealed since the last call are fsynced, and the chunks directory if a chunk file was created or
+        renamed since (a manifest names only durable files)."""
         self._reap(block=True)
-        for f in self._deleting:
-            f.result()
-        self._deleting = []
+        queued, self._queued = self._queued, []
+        for work, args in queued:  # (the sealer thread is idle now: nothing to run beside)
+            work(*args)
+        # a retired chunk's files are deleted, or were synced by the commit that lists it
+        retained = {id(c) for c in self.chunks}
+        for info in self._unsynced:
+            if id(info) in retained:
+                self.ring.sync_sealed(info.name, info.frames is not None)
+        self._unsynced = []
+        if self._dir_unsynced:
+            self.ring.sync_dir()
+            self._dir_unsynced = False
 
     def _reap(self, block: bool) -> None:
         """Take the results of the background seals that finished (``block``: of all, waiting)."""
         while self._sealing and (block or self._sealing[0][1].done()):
             info, fut = self._sealing.popleft()
             info.crc32, frames = fut.result()
+            self._unsynced.append(info)
             if frames is not None:
                 self._use_compressed(info, frames)
 
@@ -350,15 +375,12 @@ class ChunkLog:
             self._in_background(self.ring.delete_raw_frames, info.name)  # no commit ever listed it
 
     def _in_background(self, work: Callable[..., None], *args: Any) -> None:
-        """Run ``work`` now, in the sealer thread, after the seals before it: deleting files no commit lists
-        (freeing their page cache takes milliseconds that step() should not wait for), syncing the chunks
-        directory. ``wait_sealed`` (and so every commit, snapshot and ``close``) waits for it: a manifest
-        names only durable files, and a writer reopening the store may create chunks of the same names."""
-        self._deleting = [f for f in self._deleting if not f.done()]
-        try:
-            self._deleting.append(self._sealer().submit(work, *args))
-        except RuntimeError:  # the interpreter is exiting (a store dropped unclosed): no new threads
-            work(*args)
+        """Run ``work`` in the sealer thread: deleting files no commit lists (freeing their page cache takes
+        milliseconds that step() should not wait for). It is queued and handed over with the next seal (one
+        hand-off per roll: each wakes the thread, which then competes for the GIL), or run by ``wait_sealed``
+        (and so by every commit, snapshot and ``close``): a manifest names only durable files, and a writer
+        reopening the store may create chunks of the same names."""
+        self._queued.append((work, args))
 
     def sync_open_chunk(self) -> None:
         """Make everything written so far durable: the pending seal and the open chunk."""
@@ -483,7 +505,9 @@ class ChunkLog:
         store refuses writes in a child, ``ReplayStore``)."""
         self._executor = None
         self._sealing.clear()
-        self._deleting = []
+        self._queued = []
+        self._unsynced = []
+        self._dir_unsynced = False
 
     def close(self, failed: bool = False) -> None:
         """Finish the background seals and release everything. ``failed``: a disk error already turned the

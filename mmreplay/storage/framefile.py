@@ -195,8 +195,9 @@ def encode_native(raw: np.ndarray, count: int, frame_bytes: int, data_start: int
 
 
 def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[int, ...], codec: str,
-          native: bool = True, min_saving: float | None = None) -> tuple[int, int] | None:
+          native: bool = True, min_saving: float | None = None, durable: bool = True) -> tuple[int, int] | None:
     """Write the compressed frame file of ``count`` frames (``raw``: their bytes, 1-D uint8) durably.
+    ``durable=False``: the file and its directory entry are left for the caller to fsync.
 
     Returns ``(size, crc32c)`` of the file, or None (nothing written) when ``min_saving`` is given and
     the frames do not shrink by that fraction. Raises ``OSError`` (a full disk); nothing is left at
@@ -235,7 +236,8 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     try:
         _write_all(fd, memoryview(body.data).cast("B"))
         _write_all(fd, memoryview(crc.to_bytes(4, "little")))
-        os.fsync(fd)
+        if durable:
+            os.fsync(fd)
     except BaseException:
         os.close(fd)
         _unlink(tmp)
@@ -243,7 +245,8 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     os.close(fd)
     try:
         os.replace(tmp, path)
-        fsync_dir(os.path.dirname(path))
+        if durable:
+            fsync_dir(os.path.dirname(path))
     except BaseException:
         _unlink(tmp)
         raise

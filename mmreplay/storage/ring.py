@@ -398,7 +398,8 @@ class ChunkRing:
         or None when its frames do not shrink enough (``framefile.MIN_SAVING``): it stays raw.
 
         Runs in the background sealer: it only reads the chunk's mapped raw frames. Raises ``OSError``
-        (a full disk); nothing is left behind then.
+        (a full disk); nothing is left behind then. Neither the file nor its name is durable yet: the
+        caller fsyncs both (``sync_sealed``, ``sync_dir``) before a manifest names it.
         """
         if not self.codec:
             raise ValueError("this store keeps its frames raw")
@@ -407,7 +408,7 @@ class ChunkRing:
         start = (seq % self.positions) * cb
         raw = self.raw_frames[start:start + self.schema.chunk_size * self.frame_bytes]
         got = framefile.write(self.compressed_path(name), raw, self.schema.chunk_size, self.schema.obs_dtype,
-                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING)
+                              self.schema.obs_shape, self.codec, min_saving=framefile.MIN_SAVING, durable=False)
         return None if got is None else framefile.describe(self.codec, *got)
 
     def use_compressed(self, seq: int, nbytes: int) -> None:
@@ -481,7 +482,8 @@ class ChunkRing:
         self._rw.discard(seq)
 
     def finish_seal(self, seq: int) -> dict[str, int]:
-        """fsync a protected chunk, mark its files read-only and return each column's CRC-32.
+        """Checksum a protected chunk: mark its files read-only and return each column's CRC-32. Its files
+        are made durable later, by ``sync_sealed`` (before a manifest names the chunk sealed).
 
         In a compressed store the raw frames are left out (not fsynced, no CRC-32): the commit that
         lists the sealed chunk lists its compressed frame file, which is durable and checksummed itself
@@ -489,7 +491,6 @@ class ChunkRing:
         usually deleted before its dirty pages reach the disk.
         Thread-safe with respect to the writer as long as the chunk stays mapped: it only reads.
         """
-        self.sync_chunk(seq, frames=not self.codec)
         name = self.mapped[seq]
         pos = seq % self.positions
         crcs = {}
@@ -498,6 +499,15 @@ class ChunkRing:
             crcs[col.name] = zlib.crc32(view.data)
             os.chmod(self.file_path(name, col), stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
         return crcs
+
+    def sync_sealed(self, name: str, compressed: bool) -> None:
+        """fsync the files of sealed chunk ``name`` that a manifest will name: every column but a compressed
+        store's raw frames (``finish_seal_frames`` syncs those of a chunk left raw), and its compressed frame
+        file (``compressed``). It need not be mapped any more."""
+        for col in self.columns[1:] if self.codec else self.columns:
+            fsync_file(self.file_path(name, col))
+        if compressed:
+            fsync_file(self.compressed_path(name))
 
     def finish_seal_frames(self, seq: int) -> dict[str, int]:
         """``finish_seal`` for the raw frames alone (a compressed store whose chunk could not be compressed)."""

@@ -40,8 +40,14 @@ def main() -> None:
             hang()
 
         framefile._write_all = half
-    elif moment == "rename":
-        framefile.fsync_dir = lambda d: hang()
+    elif moment == "rename":  # the sealer has renamed the file into place (the directory is synced at commit)
+        real_compress = ring.ChunkRing.compress_chunk
+
+        def then_hang(self, seq):  # noqa: ANN001, ANN202
+            real_compress(self, seq)
+            hang()
+
+        ring.ChunkRing.compress_chunk = then_hang
     elif moment == "delete":  # chunk 1 is the one the first commit lists open (raw)
         real_delete = ring.ChunkRing.delete_raw_frames
         ring.ChunkRing.delete_raw_frames = lambda self, name: hang() if name == "000000000001" else real_delete(

@@ -92,9 +92,9 @@ def hold_seals(gate: threading.Event) -> None:
 
     real_seal = ChunkLog._seal
 
-    def slow_seal(self: Any, seq: int) -> Any:
+    def slow_seal(self: Any, seq: int, *rest: Any) -> Any:
         gate.wait(60)
-        return real_seal(self, seq)
+        return real_seal(self, seq, *rest)
 
     ChunkLog._seal = slow_seal  # type: ignore[method-assign]
 

@@ -47,10 +47,18 @@ def test_small_stores_get_small_chunks(capacity, shape, num_envs):
     assert chunk % num_envs == 0 and chunk // num_envs >= 16
     assert chunk <= unit  # never more than the large-store rule gave
     least = max(2**20 // frame_bytes, 16 * num_envs)
-    assert chunk >= min(unit, least) or chunk >= capacity // 32
-    if least < capacity // 32 <= unit and capacity // 32 <= TARGET_CHUNK_BYTES // frame_bytes:
-        assert chunk - num_envs < capacity // 32 <= chunk  # 1/32 of the capacity, rounded up to num_envs
+    assert chunk >= min(unit, least) or chunk >= capacity // 16
+    if least < capacity // 16 <= unit and capacity // 16 <= TARGET_CHUNK_BYTES // frame_bytes:
+        assert chunk - num_envs < capacity // 16 <= chunk  # 1/16 of the capacity, rounded up to num_envs
     Schema.build(capacity=capacity, obs_shape=shape, num_envs=num_envs)  # a layout the store accepts
+
+
+def test_the_sb3_rates_store_rolls_every_sixteenth_of_its_capacity():
+    """84x84 frames at capacity 20,000 (where SB3's own buffer fits): 1,250-row chunks, not 625."""
+    assert default_chunk_size(20_000, ATARI, 1) == 1250
+    assert default_chunk_size(32_767, ATARI, 1) == 2047  # the largest small store with one env stream
+    assert default_chunk_size(32_767, ATARI, 3) == 2049  # rounded up to a multiple of num_envs
+    assert default_chunk_size(2_000, ATARI, 1) == 2**20 // ATARI  # at least ~1 MiB of frames
 
 
 def test_a_capacity_1000_store_takes_about_what_its_data_needs(tmp_path):

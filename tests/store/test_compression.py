@@ -385,3 +385,29 @@ def test_the_numcodecs_reference_path_reads_the_same_rows(tmp_path):
     assert_same_rows(c, r)
     c.close()
     r.close()
+
+
+@pytest.mark.parametrize("compression", ["lz4", None])
+def test_a_commit_makes_every_sealed_file_it_names_durable(tmp_path, monkeypatch, compression):
+    """Seals do not fsync (the sealer never waits for the disk): the commit does, for every file of a
+    sealed chunk its manifest names, and once for the chunks directory (the files' names)."""
+    from mmreplay.storage import files, ring
+
+    synced: list[str] = []
+    real = files.fsync_file
+    monkeypatch.setattr(ring, "fsync_file", lambda p: (synced.append(os.path.realpath(p)), real(p))[1])
+    path = tmp_path / "s"
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(8, 8), chunk_size=16, seed=0, compression=compression)
+    drive([s], 40, 0, ends=0)  # chunks 0 and 1 sealed, 2 open
+    synced.clear()
+    s.commit()
+    sealed = [c["name"] for c in json.loads((path / "manifest.json").read_text())["chunks"] if c.get("sealed")]
+    assert sealed == ["000000000000", "000000000001"]
+    for name in sealed:
+        named = sorted(f for f in os.listdir(path / "chunks") if f.startswith(name + "."))
+        # action, reward, flags and the frames (raw, or compressed: the raw file went)
+        assert len(named) == 4 and (compression is None) == (name + ".obs.npy" in named), named
+        for f in named:
+            assert os.path.realpath(path / "chunks" / f) in synced, (f, synced)
+    assert synced.count(os.path.realpath(path / "chunks")) == 1
+    s.close()
