@@ -71,6 +71,18 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, se
     With ``Plan`` field names: obs_slots = stacks[0], obs_pad = pad[0], next_slots = stacks[1],
     next_pad = pad[1], terminated = ends[0], truncated = ends[1], next_missing = ends[2].
     """
+    ends = np.zeros((3, slots.shape[0]), np.bool_)
+    stacks, pad, reward_slots, reward_weights, m_out, zeros = plan_into(slots, flags, episode_pos, seq_of_pos, config,
+                                                                         gammas, ends)
+    return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
+
+
+@njit(cache=True, nogil=True)
+def plan_into(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, seq_of_pos: np.ndarray,
+              config: np.ndarray, gammas: np.ndarray, ends: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """``plan_batch`` with the ends written into the caller's zeroed ``ends`` (bool (3, B)): returns the
+    other outputs, ``(stacks, pad, reward_slots, reward_weights, m, zeros)``."""
     b_count = slots.shape[0]
     k = config[C_STACK]
     n = config[C_N_STEP]
@@ -79,10 +91,9 @@ def plan_batch(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, se
     reward_slots = np.empty((b_count, n), np.int64)
     reward_weights = np.empty((b_count, n), np.float64)
     m_out = np.empty(b_count, np.int64)
-    ends = np.zeros((3, b_count), np.bool_)
     zeros = _plan_rows(slots, flags, episode_pos, seq_of_pos, config, gammas, stacks, pad, reward_slots, reward_weights,
                        m_out, ends)
-    return stacks, pad, reward_slots, reward_weights, m_out, ends, zeros
+    return stacks, pad, reward_slots, reward_weights, m_out, zeros
 
 
 @njit(cache=True, nogil=True)

@@ -15,7 +15,7 @@ from numba import njit
 
 from ._mem import prefetch
 from .lz4 import gather_pairs
-from .plan import C_N_STEP, C_STACK, _plan_rows, _returns
+from .plan import C_STACK, _returns, plan_into
 
 
 @njit(cache=True, nogil=True)
@@ -35,15 +35,9 @@ def plan_gather(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, s
     for b in range(b_count):  # (the rewards' cache misses overlap the plan's, as in plan.plan_returns)
         prefetch(reward, slots[b])  # type: ignore[call-arg]  # (an intrinsic: see plan._plan_rows)
     k = config[C_STACK]
-    n = config[C_N_STEP]
-    stacks = np.empty((2, b_count, k), np.int64)
-    pad = np.zeros((2, b_count, k), np.bool_)
-    reward_slots = np.empty((b_count, n), np.int64)
-    reward_weights = np.empty((b_count, n), np.float64)
-    m = np.empty(b_count, np.int64)
     ends[:] = False
-    zeros = _plan_rows(slots, flags, episode_pos, seq_of_pos, config, gammas, stacks, pad, reward_slots,
-                       reward_weights, m, ends)
+    stacks, pad, reward_slots, reward_weights, m, zeros = plan_into(slots, flags, episode_pos, seq_of_pos, config,
+                                                                    gammas, ends)
     _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
     values[2, :] = 1.0
     err, slot = gather_pairs(stacks[0], stacks[1], 0, b_count, out, raw, comp, comp64, kind, table, data_end,
