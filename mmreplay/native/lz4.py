@@ -346,7 +346,7 @@ def gather_pairs(obs_slots: np.ndarray, next_slots: np.ndarray, r0: int, r1: int
             break
     if streaming:
         store_fence()
-    return (err, slot) if err else (0, 0)
+    return err, slot
 
 
 @nb.njit(nogil=True, cache=True)

@@ -216,12 +216,24 @@ def plan_returns(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, 
     for typing its arguments and boxing each array it returns: one call that returns five objects costs
     less than two that return nine (and their caller's ``np.ones``)."""
     b_count = slots.shape[0]
-    for b in range(b_count):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
-        prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
-    # (a call between compiled functions: nothing is boxed)
-    stacks, pad, reward_slots, reward_weights, m, ends, zeros = plan_batch(slots, flags, episode_pos, seq_of_pos, config,
-                                                                           gammas)
     values = np.empty((3, b_count), np.float32)
+    ends = np.zeros((3, b_count), np.bool_)
+    stacks, pad, zeros = plan_returns_into(slots, flags, episode_pos, seq_of_pos, config, gammas, reward, discounts,
+                                           values, ends)
+    return stacks, pad, values, ends, zeros
+
+
+@njit(cache=True, nogil=True)
+def plan_returns_into(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, seq_of_pos: np.ndarray,
+                      config: np.ndarray, gammas: np.ndarray, reward: np.ndarray, discounts: np.ndarray,
+                      values: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """``plan_returns`` into the caller's ``values`` (float32 (3, B)) and zeroed ``ends`` (bool (3, B)):
+    returns ``(stacks, pad, zeros)``."""
+    for b in range(slots.shape[0]):  # (the rewards' cache misses overlap the plan's, see _plan_rows)
+        prefetch(reward, slots[b])  # type: ignore[call-arg]  # (as in _plan_rows)
+    # (calls between compiled functions: nothing is boxed)
+    stacks, pad, reward_slots, reward_weights, m, zeros = plan_into(slots, flags, episode_pos, seq_of_pos, config,
+                                                                    gammas, ends)
     _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
     values[2, :] = 1.0
-    return stacks, pad, values, ends, zeros
+    return stacks, pad, zeros

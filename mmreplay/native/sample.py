@@ -13,9 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ._mem import prefetch
 from .lz4 import gather_pairs
-from .plan import C_STACK, _returns, plan_into
+from .plan import C_STACK, plan_returns_into
 
 
 @njit(cache=True, nogil=True)
@@ -32,14 +31,10 @@ def plan_gather(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndarray, s
     ``plan.plan_batch``'s, the last nine ``lz4.gather_pairs``'s ring arrays. Returns ``(0, 0)`` or
     ``(error code, slot)`` of a frame that could not be read (the outputs are then incomplete)."""
     b_count = slots.shape[0]
-    for b in range(b_count):  # (the rewards' cache misses overlap the plan's, as in plan.plan_returns)
-        prefetch(reward, slots[b])  # type: ignore[call-arg]  # (an intrinsic: see plan._plan_rows)
     k = config[C_STACK]
     ends[:] = False
-    stacks, pad, reward_slots, reward_weights, m, zeros = plan_into(slots, flags, episode_pos, seq_of_pos, config,
-                                                                    gammas, ends)
-    _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
-    values[2, :] = 1.0
+    stacks, pad, zeros = plan_returns_into(slots, flags, episode_pos, seq_of_pos, config, gammas, reward, discounts,
+                                           values, ends)
     err, slot = gather_pairs(stacks[0], stacks[1], 0, b_count, out, raw, comp, comp64, kind, table, data_end,
                              rows_alloc, cstride, fb)
     if err == 0 and zeros:
