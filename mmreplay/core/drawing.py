@@ -49,10 +49,7 @@ class DrawState:
         """Choose a batch's ids (and weights). With ``plan_now``, also fix its row arithmetic now (for a copy
         made later in another thread) and remember the RNG state before it (for ``state``)."""
         before = self._state_now() if plan_now else {}
-        self._count += 1
-        ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
-        if slots is None:
-            slots = index.slots_of(ids)
+        ids, weight, slots = self.draw_now(sampler, index, batch_size, replace, beta)
         return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan_now else None, slots=slots)
 
     def draw_now(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None
