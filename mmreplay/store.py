@@ -46,7 +46,7 @@ from .errors import (
 )
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
-from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames
+from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, planned_batch
 from .reading.prefetch import BatchIterator, DrawnBatch
 from .reading.reader import FrameReader, PostedStacks
 from .reading.sequence_batch import (
@@ -1025,10 +1025,7 @@ class ReplayStore:
         # planned and read in one native call where the reader reads alone (at small batches each call from
         # Python costs a fair share of the copy itself)
         obs, next_obs, values, ends = self._reader.planned_stacks(inputs, arrays["reward"], self._discounts)
-        extras = self._extra_names
-        return Batch(obs, arrays["action"][slots], values[0], next_obs, values[1], ends[0], ends[1], ids,
-                     values[2] if weight is None else weight.astype(np.float32, copy=False),
-                     {name: arrays["x_" + name][slots] for name in extras} if extras else {})
+        return planned_batch(obs, next_obs, values, ends, slots, arrays, ids, self._extra_names, weight)
 
     def _check_open(self) -> None:
         if self._closed:

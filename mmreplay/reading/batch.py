@@ -48,6 +48,25 @@ class Batch:
         return int(self.index.shape[0])
 
 
+def planned_batch(obs: np.ndarray, next_obs: np.ndarray, values: np.ndarray, ends: np.ndarray, slots: np.ndarray,
+                  arrays: dict[str, np.ndarray], ids: np.ndarray, extra_names: tuple[str, ...],
+                  weight: np.ndarray | None = None) -> Batch:
+    """The ``Batch`` of what ``FrameReader.planned_stacks`` read and summed (``values``: rewards, discounts and
+    ones, ``ends``: terminated, truncated, next_missing) for the transition slots ``slots``; ``ids`` is used
+    as the batch's ``index`` without a copy."""
+    return Batch(obs, arrays["action"][slots], values[0], next_obs, values[1], ends[0], ends[1], ids,
+                 values[2] if weight is None else _weights(weight, ids.size), _extras(arrays, slots, extra_names))
+
+
+def _weights(weight: np.ndarray | None, n: int) -> np.ndarray:
+    """A batch's float32 importance weights (ones for a uniform draw)."""
+    return np.ones(n, np.float32) if weight is None else weight.astype(np.float32, copy=False)
+
+
+def _extras(arrays: dict[str, np.ndarray], slots: np.ndarray, extra_names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    return {name: arrays["x_" + name][slots] for name in extra_names} if extra_names else {}
+
+
 def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
              extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
              posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
@@ -85,8 +104,8 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
         terminated=plan.terminated,
         truncated=plan.truncated,
         index=ids,
-        weight=np.ones(ids.size, np.float32) if weight is None else weight.astype(np.float32, copy=False),
-        extras={name: arrays["x_" + name][plan.slots] for name in extra_names},
+        weight=_weights(weight, ids.size),
+        extras=_extras(arrays, plan.slots, extra_names),
     )
 
 
@@ -184,8 +203,8 @@ def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, 
         terminated=plan.terminated,
         truncated=plan.truncated,
         index=ids,
-        weight=np.ones(ids.size, np.float32) if weight is None else weight.astype(np.float32, copy=False),
-        extras={name: arrays["x_" + name][plan.slots] for name in extra_names},
+        weight=_weights(weight, ids.size),
+        extras=_extras(arrays, plan.slots, extra_names),
     )
 
 
