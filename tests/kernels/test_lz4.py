@@ -37,14 +37,7 @@ def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
         while True:
             token = block[i]
             i += 1
-            n = token >> 4
-            if n == 15:
-                while True:
-                    b = block[i]
-                    i += 1
-                    n += b
-                    if b != 255:
-                        break
+            n, i = _extended(block, i, token >> 4)
             if i + n > len(block):
                 return None
             out += block[i:i + n]
@@ -53,14 +46,7 @@ def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
                 break
             off = block[i] | block[i + 1] << 8
             i += 2
-            m = token & 15
-            if m == 15:
-                while True:
-                    b = block[i]
-                    i += 1
-                    m += b
-                    if b != 255:
-                        break
+            m, i = _extended(block, i, token & 15)
             m += 4
             if not 0 < off <= len(out) or len(out) + m > size:
                 return None
@@ -69,6 +55,19 @@ def spec_decode_or_none(block: bytes, size: int) -> bytes | None:
     except IndexError:
         return None
     return bytes(out) if len(out) == size else None
+
+
+def _extended(block: bytes, i: int, n: int) -> tuple[int, int]:
+    """A token's 4-bit length ``n`` with the bytes that extend it from ``block[i]`` on (each adds its value; one
+    below 255 ends them; only 15 is extended), and the position after them."""
+    if n == 15:
+        while True:
+            b = block[i]
+            i += 1
+            n += b
+            if b != 255:
+                break
+    return n, i
 
 
 def spec_decode(block: bytes, size: int) -> bytes:
