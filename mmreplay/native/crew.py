@@ -90,6 +90,20 @@ def _syscall_address() -> int:
 SUPPORTED = platform.system() == "Linux" and _FUTEX is not None and _YIELD is not None and _syscall_address() != 0
 
 
+def _cpu_getter() -> Any:
+    """libc's ``sched_getcpu`` (the CPU the calling thread runs on), or None where there is none."""
+    try:
+        fn = ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return fn
+
+
+_getcpu = _cpu_getter()
+
+
 @intrinsic
 def _call5(typingctx: Any, fn: Any, a: Any, b: Any, c: Any, d: Any, e: Any) -> Any:
     """``fn(a, b, c, d, e)`` for the address ``fn`` of a C function of five integer (or pointer) arguments
@@ -265,6 +279,7 @@ class Crew:
         self._threads: list[threading.Thread] = []
         self._current: tuple[int, int] | None = None  # the last task posted, until joined by settle
         self._keep: Any = None
+        self._off = -1  # the CPU the helpers were last kept off (``_steer``); -1: none yet
 
     def _start(self) -> None:
         self._threads = [t for t in self._threads if t.is_alive()]
@@ -272,10 +287,12 @@ class Crew:
             t = threading.Thread(target=serve, args=(self.ctl,), daemon=True, name="mmreplay-read")
             t.start()
             self._threads.append(t)
+        self._off = -1  # (a new thread may run anywhere the poster may)
 
     def limit(self, helpers: int) -> None:
         """Wake at most ``helpers`` helpers per post from now on (the others sleep on)."""
         self.ctl[WAKE] = max(0, min(self.helpers, helpers))
+        self._off = -1  # (the CPUs the caller may use may have changed: steer again at the next post)
 
     @property
     def threads(self) -> int:
@@ -290,6 +307,7 @@ class Crew:
             if len(self._threads) < self.helpers:
                 self._start()
             self.settle()
+            self._steer()
             self._seq = (self._seq + 1) % SEQ_WRAP
             chunk_rows = int(fields[CHUNK_ROWS - OBS])
             chunks = -(-rows // chunk_rows)
@@ -297,6 +315,34 @@ class Crew:
             self._keep = keep
             post(self.ctl, self._seq, chunks, fields)
             return task
+
+    def _steer(self) -> None:
+        """Keep the helpers off the CPU the posting thread runs on (on the other CPUs it may use).
+
+        A woken thread is placed by the system's scheduler, and it may put it on the CPU of the thread that
+        woke it, even with other CPUs idle: in a virtual machine an idle virtual CPU reads as "preempted" to a
+        guest's scheduler, which then avoids it. A helper placed there takes turns with the poster (a learner
+        stepping while its next batch is read, or a caller reading its own share of a shared read) instead
+        of running beside it, until the scheduler balances the two, milliseconds later. The helpers' allowed
+        CPUs change only when the poster is found on another CPU than at the last post (or when ``limit``
+        is called), so a poster that stays put pays one ``sched_getcpu`` per post."""
+        if _getcpu is None or not self._threads:
+            return
+        cpu = int(_getcpu())
+        if cpu == self._off or cpu < 0:
+            return
+        self._off = cpu
+        try:
+            allowed = os.sched_getaffinity(0)  # (the posting thread's own CPUs)
+        except OSError:
+            return
+        if len(allowed) > 1:
+            allowed.discard(cpu)
+        for t in self._threads:
+            try:
+                os.sched_setaffinity(t.native_id, allowed)  # type: ignore[arg-type]
+            except (OSError, TypeError):  # (a thread that just ended; no native id)
+                pass
 
     def settle(self) -> None:
         """Wait until the last task is read (whoever posted it)."""

@@ -152,6 +152,44 @@ def test_idle_helpers_sleep(stores):
     assert not any(t.name == "mmreplay-read" and t.native_id in tids and t.is_alive() for t in threading.enumerate())
 
 
+@pytest.mark.skipif(not crew.SUPPORTED or len(os.sched_getaffinity(0)) < 2, reason="needs helpers and 2 CPUs")
+def test_helpers_are_kept_off_the_cpu_of_the_thread_that_posts(stores):
+    """A posted read's helpers may run on every CPU the posting thread may use but the one it runs on (the
+    scheduler may otherwise put a woken helper on the poster's CPU, to take turns with it), following the
+    poster to another CPU and to a new affinity; the frames read are the same."""
+    store = stores["lz4"]
+    idx = internals.log(store).index
+    plan = idx.plan(idx.slots_of(store.sampleable_ids()[:32]))
+    fast, one = _readers(store, 3)
+    want = one.stacks(plan.obs_slots, plan.next_slots)
+    seen: list[tuple[set[int], int, list[set[int]]]] = []
+
+    def post_from(cpus: set[int] | None) -> None:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)  # (this thread only)
+            fast._crew.limit(fast._crew.helpers)  # (what the reader does when it looks at its CPUs again)
+        got = fast.stacks(plan.obs_slots, plan.next_slots)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        helpers = [os.sched_getaffinity(t.native_id) for t in fast._crew._threads]
+        seen.append((os.sched_getaffinity(0), fast._crew._off, helpers))
+
+    try:
+        post_from(None)
+        two = set(sorted(os.sched_getaffinity(0))[-2:])
+        t = threading.Thread(target=post_from, args=(two,))
+        t.start()
+        t.join()
+    finally:
+        fast.close()
+        one.close()
+    assert len(seen) == 2
+    for allowed, off, helpers in seen:
+        assert off in allowed
+        assert len(helpers) == 2 and all(h == allowed - {off} for h in helpers)
+    assert seen[1][0] == two and seen[1][2][0] < two  # the second poster's CPUs, less the one it was on
+
+
 @pytest.mark.parametrize("last", [False, True])
 def test_a_damaged_frame_in_any_part_is_reported(tmp_path, last):
     path = tmp_path / "s"
