@@ -19,6 +19,7 @@ Writes the ``feed`` section of BENCHMARKS.md.
     python tools/bench_feed.py                       # capacity 50,000, 5 rounds: ~4 min
     python tools/bench_feed.py --capacity 20000 --rounds 2 --seconds 1 --no-write
     python tools/bench_feed.py --baseline ../old    # also the feed of another checkout, same windows
+    python tools/bench_feed.py --unsteered          # also this feed with its helpers left to the scheduler
 
 ``--baseline DIR`` loads ``DIR``'s ``mmreplay/torch.py`` and ``mmreplay/reading/prefetch.py`` (an earlier
 commit's feed and prefetching iterator; the rest of the package is this checkout's) and measures its feed in
@@ -156,6 +157,33 @@ def baseline_feed(root: str) -> Callable[..., Any]:
     return make
 
 
+class _Unsteered:
+    """``device_batches`` with the reader's helpers placed by the system's scheduler alone: not kept off the
+    learner's CPU (``Crew._steer``), allowed on every CPU of the process while it runs."""
+
+    def __init__(self, store: mr.ReplayStore, *args: Any, **kwargs: Any) -> None:
+        from mmreplay.native import crew
+
+        self._crew_module = crew
+        self._getcpu = crew._getcpu
+        crew._getcpu = None
+        helpers = store._reader._crew  # (the store's reader and its helper threads)
+        self._helpers = helpers
+        if helpers is not None:
+            for t in helpers._threads:
+                os.sched_setaffinity(t.native_id, os.sched_getaffinity(0))
+        self._it = device_batches(store, *args, **kwargs)
+
+    def __next__(self) -> Any:
+        return next(self._it)
+
+    def close(self) -> None:
+        self._it.close()
+        self._crew_module._getcpu = self._getcpu
+        if self._helpers is not None:
+            self._helpers._off = -1  # (steered again at the next post)
+
+
 def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float,
                   baseline: Callable[..., Any] | None = None) -> tuple[dict[str, list[float]], dict[str, NextTimer]]:
     modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ())
@@ -246,8 +274,14 @@ def main() -> None:
     ap.add_argument("--no-cpprb", action="store_true")
     ap.add_argument("--no-write", action="store_true")
     ap.add_argument("--baseline", metavar="DIR", help="also measure the feed of the checkout at DIR")
+    ap.add_argument("--unsteered", action="store_true",
+                    help="as the baseline: this feed with the helpers placed by the scheduler alone")
     args = ap.parse_args()
-    baseline = baseline_feed(os.path.abspath(args.baseline)) if args.baseline else None
+    if args.baseline and args.unsteered:
+        ap.error("--baseline and --unsteered both name the baseline: pass one")
+    baseline: Any = baseline_feed(os.path.abspath(args.baseline)) if args.baseline else None
+    if args.unsteered:
+        baseline = _Unsteered
     sizes = args.batch or [32, 256]
     load0 = os.getloadavg()[0]
     torch.set_num_threads(1)  # the learner's tiny ops: no intra-op pool
@@ -309,7 +343,11 @@ def main() -> None:
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"]
               + (["feed (baseline)"] if baseline else []), rows)
         + (f"\n\nfeed (baseline): the feed of commit {commit_of(args.baseline)} (its `mmreplay/torch.py` and"
-           " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows." if baseline else ""),
+           " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows."
+           if args.baseline else "")
+        + ("\n\nfeed (baseline): this feed with the reader's helper threads placed by the system's scheduler"
+           " alone, not kept off the CPU of the thread that posts their reads (the learner's), in the same windows."
+           if args.unsteered else ""),
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
         " the GIL it holds there: the draw of batch i+2, joining the read of batch i and posting that of batch i+1 to"
         " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
