@@ -46,7 +46,16 @@ from .errors import (
 )
 from .native.warmup import start_background as start_warmup
 from .options import Prioritized, RateLimit, Schema
-from .reading.batch import Batch, FrameBatch, FrameBuffer, assemble, assemble_frames, planned_batch
+from .reading.batch import (
+    Batch,
+    FrameBatch,
+    FrameBuffer,
+    PostedFrames,
+    assemble,
+    assemble_frames,
+    planned_batch,
+    post_frames,
+)
 from .reading.prefetch import BatchIterator, DrawnBatch
 from .reading.reader import FrameReader, PostedStacks
 from .reading.sequence_batch import (
@@ -502,13 +511,14 @@ class ReplayStore:
         beta = self._beta_arg(beta)
         distinct = _frames_arg(frames, frame_buffer, transform)
         assemble: Callable[..., Any] = self._assemble_draw
+        post: Callable[[DrawnBatch], Any] = self._post_draw
         if distinct:
             assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
+            post = functools.partial(self._post_frame_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan_now=True), assemble,
-                                     self._index, (b, 0, False), p, self._limit.on_hand_out,
-                                     None if distinct else self._post_draw, guard=self._lock)
+                                     self._index, (b, 0, False), p, self._limit.on_hand_out, post, guard=self._lock)
 
     # -- rate limiting ---------------------------------------------------------------------------------
     @_serialized
@@ -615,13 +625,21 @@ class ReplayStore:
                         self._reader, d.weight, posted, then)
 
     @fault_checked
-    def _assemble_frame_draw(self, d: DrawnBatch, posted: None = None, then: None = None,
+    def _assemble_frame_draw(self, d: DrawnBatch, posted: PostedFrames | None = None,
+                             then: Callable[[], None] | None = None,
                              frame_buffer: FrameBuffer | None = None) -> FrameBatch:
-        """``_assemble_draw`` for ``batches(frames="distinct")`` (never posted)."""
+        """``_assemble_draw`` for ``batches(frames="distinct")`` (``posted``: by ``_post_frame_draw``)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")
         return assemble_frames(d.plan, self._ring.arrays, d.ids.copy(), self._discounts,
-                               self._extra_names, self._reader, d.weight, frame_buffer)
+                               self._extra_names, self._reader, d.weight, frame_buffer, posted, then)
+
+    def _post_frame_draw(self, d: DrawnBatch, frame_buffer: FrameBuffer | None = None) -> PostedFrames | None:
+        """``_post_draw`` for ``batches(frames="distinct")``: its distinct frames, into ``frame_buffer``'s
+        array (taken only if the read is posted)."""
+        if not isinstance(d.plan, Plan) or not self._reader.may_post():
+            return None
+        return post_frames(d.plan, self._reader, frame_buffer)
 
     def _post_draw(self, d: DrawnBatch) -> PostedStacks | None:
         """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -269,11 +270,13 @@ def replay_loader(path: str | os.PathLike[str], batch_size: int, num_workers: in
 
 # -- the device feed ---------------------------------------------------------------------------------------
 #
-# Batches reach the device in three steps, all but the last in the thread that assembles the batch (the
-# store's prefetch thread while the learner is away, see reading/prefetch.py):
+# Batches reach the device in three steps, all but the last in the thread that assembles the batch (on
+# warm data the learner's, in ``next()``: the reader's helper threads read the frames of batch i+1 while the
+# learner steps, posted when batch i is handed out; else the store's prefetch thread while the learner is
+# away, see reading/prefetch.py):
 #   1. the batch's distinct frames are decoded by the native kernels straight into a page-locked host
-#      buffer of a ring (``batches(frames="distinct", frame_buffer=...)``), its small columns packed behind
-#      them (a few KB);
+#      buffer of a ring (``batches(frames="distinct", frame_buffer=...)``; a posted read takes its buffer
+#      when posted), its small columns packed behind them (a few KB);
 #   2. one non-blocking copy of that prefix goes to the device on a side stream, an event is recorded after
 #      it (the buffer may be reused once it completed), the stacks are gathered from the frames on the
 #      device (``frames[obs_index]``: bit-identical to ``sample()``'s arrays), a second event after that;
@@ -381,13 +384,14 @@ class CudaCopier(Copier):
 
 
 class _Slot:
-    __slots__ = ("host", "array", "copied", "busy")
+    __slots__ = ("host", "array", "copied", "busy", "lent")
 
     def __init__(self) -> None:
         self.host: torch.Tensor | None = None  # 1-D uint8, page-locked when the copier wants it
         self.array: np.ndarray = np.empty(0, np.uint8)  # the same memory
         self.copied: Any = None  # the handle of the last copy out of it
         self.busy = False  # held by a batch being assembled or not yet copied
+        self.lent = 0  # times lent as a frame buffer (tells one lending from the next)
 
 
 class HostRing:
@@ -477,7 +481,9 @@ class DeviceBatches(Iterator[Any]):
                               " pinned", stacklevel=3)
         self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
         self._layouts: dict[Any, _Layout] = {}
-        self._local = threading.local()
+        # frame buffers lent to batches being read or assembled, by the id of the array lent: (its slot, a weak
+        # reference whose callback gives the slot back if the array dies unsent, its batch having failed)
+        self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
         frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
         frames = "stacks" if plain else "distinct"
@@ -492,22 +498,30 @@ class DeviceBatches(Iterator[Any]):
 
     # the assembling thread ------------------------------------------------------------------------------
     def _frame_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        """A ring buffer for a batch's distinct frames (read into it by the helper threads while the batch
+        waits its turn, or by the thread assembling it); ``_transform`` sends the batch out of it."""
         assert self.ring is not None
-        stale = getattr(self._local, "slot", None)
-        if stale is not None:  # a batch of this thread failed after taking its buffer
-            self.ring.give(stale, None)
         slot = self.ring.take()
-        self._local.slot = slot
         nbytes = int(np.prod(shape)) * dtype.itemsize
-        return self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape)
+        array = self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape)
+        slot.lent += 1
+        key, lent, lent_out = id(array), slot.lent, self._lent
+
+        def dropped(_: Any) -> None:  # (the array died before its batch was sent: give its buffer back)
+            held = lent_out.get(key)
+            if held is not None and held[0] is slot and slot.lent == lent:
+                del lent_out[key]
+                self.ring.give(slot, None)  # type: ignore[union-attr]
+
+        lent_out[key] = (slot, weakref.ref(array, dropped))
+        return array
 
     def _transform(self, batch: Any) -> Any:
         if self.ring is None:
             return self._on_cpu(batch)
-        slot = getattr(self._local, "slot", None)
-        self._local.slot = None
-        if slot is None:
-            slot = self.ring.take()
+        frames = getattr(batch, "frames", None)
+        held = self._lent.pop(id(frames), None) if frames is not None else None
+        slot = held[0] if held is not None else self.ring.take()
         try:
             return self._send(batch, slot)
         except BaseException:
@@ -661,8 +675,9 @@ def device_batches(store: ReplayStore, batch_size: int, device: Any = None, pref
     the CPU), with the draws of ``store.batches(batch_size, prefetch)``: without priority updates the
     batches of repeated ``store.sample(batch_size)``, bit for bit; commits and resumes as ``batches()``.
 
-    On a CUDA device each batch's distinct frames are decoded into page-locked host memory by the store's
-    prefetch thread, copied with the batch's small columns in one non-blocking copy on a side stream, and
+    On a CUDA device each batch's distinct frames are decoded into page-locked host memory (by the reader's
+    helper threads while the learner steps, or the store's prefetch thread), copied with the batch's small
+    columns in one non-blocking copy on a side stream, and
     the stacks gathered from them on the device; ``next()`` only makes the current stream wait for that
     (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies stacks
     built on the host instead (8 frames a row rather than about 5). On the CPU (``device="cpu"``) the

@@ -179,18 +179,59 @@ def read_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | Non
     return frames, positions
 
 
-def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
-                    extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
-                    frame_buffer: FrameBuffer | None = None) -> FrameBatch:
-    """``assemble``'s batch as a ``FrameBatch``: the distinct frames of both stacks read once (into
-    ``frame_buffer``'s array), the stacks as positions into them; everything else as ``assemble``."""
+def _stack_slots(plan: Plan) -> tuple[np.ndarray, np.ndarray | None]:
+    """A planned batch's slots of both stacks (2, B, k) and which of them read as zeros (None: none)."""
     both = plan.stacks if plan.stacks is not None else np.stack([plan.obs_slots, plan.next_slots])
     zero = None
     if plan.zeros:  # (-1: not counted; 0: nothing to zero)
         pad = plan.pad if plan.pad is not None else np.stack([plan.obs_pad, plan.next_pad])
         zero = pad.copy()
         zero[1] |= plan.next_missing[:, None]
-    frames, positions = read_distinct(reader, both, zero, frame_buffer)
+    return both, zero
+
+
+class PostedFrames:
+    """A ``FrameBatch``'s distinct frames being read by the reader's helper threads (``post_frames``)."""
+
+    __slots__ = ("frames", "positions", "posted")
+
+    def __init__(self, frames: np.ndarray, positions: np.ndarray, posted: PostedStacks | None) -> None:
+        self.frames, self.positions, self.posted = frames, positions, posted
+
+    def join(self, reader: FrameReader) -> np.ndarray:
+        """The frames, once read (raises the read's error)."""
+        if self.posted is not None:
+            reader.join_gather(self.posted)
+        return self.frames
+
+
+def post_frames(plan: Plan, reader: FrameReader, frame_buffer: FrameBuffer | None) -> PostedFrames:
+    """Start reading a planned batch's distinct frames (``assemble_frames``' read) into ``frame_buffer``'s
+    array in the reader's helper threads; only where ``reader.may_post()`` just said so."""
+    both, zero = _stack_slots(plan)
+    read, zeroed, positions = distinct_slots(both, zero)
+    shape = (read.size + zeroed,) + reader.frames.shape[1:]
+    dtype = reader.frames.dtype
+    frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
+    if zeroed:
+        frames[0] = 0
+    posted = reader.post_gather(read, frames[int(zeroed):]) if read.size else None
+    return PostedFrames(frames, positions, posted)
+
+
+def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
+                    extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
+                    frame_buffer: FrameBuffer | None = None, posted: PostedFrames | None = None,
+                    then: Callable[[], None] | None = None) -> FrameBatch:
+    """``assemble``'s batch as a ``FrameBatch``: the distinct frames of both stacks read once (into
+    ``frame_buffer``'s array), the stacks as positions into them; everything else as ``assemble``.
+    ``posted``: its frames, already being read (``post_frames``); ``then`` runs once they are read."""
+    if posted is None:
+        frames, positions = read_distinct(reader, *_stack_slots(plan), frame_buffer)
+    else:
+        frames, positions = posted.join(reader), posted.positions
+    if then is not None:
+        then()
     reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
                                      plan.window, plan.terminated)
     return FrameBatch(

@@ -13,7 +13,8 @@ caller's thread runs, whichever claims it first, oldest first:
 
 - on warm data, once the caller has the frames of the batch it hands out, it
   *posts* the frames of the next one to the reader's helper threads
-  (``FrameReader.post_stacks``, ``native.crew``), which wait for work in the
+  (``FrameReader.post_stacks``; for ``frames="distinct"``, ``post_gather`` of
+  its distinct frames into the caller's buffer; ``native.crew``), which wait for work in the
   kernel, without the GIL: they read them while the caller hands out the
   batch, runs the learner's step and draws the batch after, and the caller,
   back in ``next()``, reads the rows no helper has started and waits for the

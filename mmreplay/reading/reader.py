@@ -267,15 +267,21 @@ class FrameReader:
         if err:
             raise self._error(int(err), int(slot))
 
+    def may_post(self) -> bool:
+        """Whether a read posted now would start in the helper threads (``post_stacks``, ``post_gather``); not
+        with no helpers; on cold data (its reads go through the fault counting and read-ahead of ``stacks``);
+        nor while ``PostGate`` has found joins slower than plain reads (the cores are busy elsewhere). Each
+        call counts as one read towards the gate's next try."""
+        return not (self._native is None or self._ring is None or self._crew is None or self.read_ahead is True
+                    or self._cpus <= 1 or self._cold_batches > 0 or not self._gate.open())
+
     def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> PostedStacks | None:
         """Start reading ``stacks(obs_slots, next_slots)`` in the helper threads and return at once;
-        ``join_stacks`` gives the two arrays. None when the read had better be made by ``stacks`` when needed:
-        no helpers; cold data (its reads go through the fault counting and read-ahead of ``stacks``); and while
-        ``PostGate`` has found joins slower than plain reads (the cores are busy elsewhere)."""
-        crew, ring = self._crew, self._ring
-        if (self._native is None or ring is None or crew is None or self.read_ahead is True or self._cpus <= 1
-                or self._cold_batches > 0 or not self._gate.open()):
+        ``join_stacks`` gives the two arrays. None when the read had better be made by ``stacks`` when needed
+        (``may_post``)."""
+        if not self.may_post():
             return None
+        crew = self._crew
         b, k = obs_slots.shape
         both = self._pool.get((2, b, k) + self.frames.shape[1:], self.frames.dtype)
         obs = np.ascontiguousarray(obs_slots, np.int64)
@@ -284,6 +290,27 @@ class FrameReader:
         posted.task = crew.post(self._posted_fields(obs, nxt, both), b, posted)
         self._gate.posts += 1
         return posted
+
+    def post_gather(self, slots: np.ndarray, out: np.ndarray) -> PostedStacks:
+        """Start reading ``gather(slots, out)`` (``slots`` 1-D, ``out`` the caller's C-contiguous array of the
+        frames' dtype and shape ``(slots.size, *frame)``, e.g. pinned host memory) in the helper threads and
+        return at once; ``join_gather`` finishes it. Only where ``may_post()`` just said so."""
+        crew = self._crew
+        assert crew is not None
+        frames = self.frames
+        if out.shape != slots.shape[:1] + frames.shape[1:] or out.dtype != frames.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape"
+                             f" {slots.shape[:1] + frames.shape[1:]}, got {out.dtype} {out.shape}")
+        index = np.ascontiguousarray(slots, np.int64)
+        posted = PostedStacks(crew, (0, 0), out, index, index)
+        posted.task = crew.post(self._fields(FLAT, index, None, index.size, out), index.size, posted)
+        self._gate.posts += 1
+        return posted
+
+    def join_gather(self, posted: PostedStacks) -> np.ndarray:
+        """The frames ``post_gather`` started reading, once read (as ``join_stacks``): its ``out``."""
+        self._join(posted)
+        return posted.both
 
     def _posted_fields(self, obs: np.ndarray, nxt: np.ndarray, both: np.ndarray) -> np.ndarray:
         """``_fields(PAIRS, obs, nxt, rows, both)``, from the last post's fields when only the three arrays
@@ -316,14 +343,17 @@ class FrameReader:
     def join_stacks(self, posted: PostedStacks) -> tuple[np.ndarray, np.ndarray]:
         """The stacks ``post_stacks`` started reading, once read (this thread reads what the helpers have not
         started). May be called again (the same arrays, or the same error)."""
+        self._join(posted)
+        return posted.both[0], posted.both[1]
+
+    def _join(self, posted: PostedStacks) -> None:
         if posted.error is None:
             start = time.perf_counter()
             err, slot, _ = posted.helper.join(posted.task)
             posted.error = (err, slot)
-            self._gate.joined((time.perf_counter() - start) / posted.both.nbytes, self._ways.cost)
+            self._gate.joined((time.perf_counter() - start) / max(1, posted.both.nbytes), self._ways.cost)
         if posted.error[0]:
             raise self._error(*posted.error)
-        return posted.both[0], posted.both[1]
 
     def _count_faults(self, ahead: bool, faults: int) -> None:
         """After a read: count down the read-ahead (cold) batches, or notice that a plain one went to the disk."""

@@ -252,6 +252,26 @@ def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
         assert len(feed.ring.slots) == 2 + 3
 
 
+def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari_store):
+    """A distinct-frame buffer lent to a batch that is never sent (its read failed: the array is dropped) is
+    free again at once; one that is sent stays held until its copy completes."""
+    with mr.ReplayStore.open(atari_store, "r", seed=2) as b:
+        copier = _late(mt, torch, delay=0.05)
+        feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
+        try:
+            lent = feed._frame_buffer((10, 84, 84), np.dtype(np.uint8))
+            busy = [s for s in feed.ring.slots if s.busy]
+            assert len(busy) == 1 and len(feed._lent) == 1
+            del lent
+            assert not busy[0].busy and not feed._lent  # given back when the array died unsent
+            for _ in range(5):
+                next(feed)
+            assert len(feed.ring.slots) == 2 + 3
+        finally:
+            feed.close()
+            copier.finish_all()
+
+
 def test_the_check_catches_a_ring_that_does_not_wait(torch, mt, atari_store):
     """The test above can fail: a copier that claims completion at once lets the ring refill buffers whose
     (late) copies are still in flight, and the checks see it."""
@@ -393,5 +413,5 @@ def test_a_slow_learner_s_batches_stay_as_handed_out(torch, mt, atari_store, way
         feed.close()
         from mmreplay.reading.readpolicy import usable_cpus
 
-        if way == "cpu-host-stacks" and usable_cpus() > 1:
-            assert gate.posts >= 20  # the helpers read the batches of a learner away
+        if way in ("cpu-host-stacks", "ring") and usable_cpus() > 1:
+            assert gate.posts >= 20  # the helpers read the batches (or distinct frames) of a learner away

@@ -122,6 +122,36 @@ def test_a_damaged_frame_in_a_posted_read_is_reported(tmp_path):
             reader.close()
 
 
+def test_a_posted_gather_into_the_callers_array_is_the_one_thread_read_and_reports_damage(tmp_path):
+    """``post_gather`` (the distinct frames of a device feed's batch, read into its host buffer): the frames of
+    one thread's read; a damaged frame among them is reported at each join, and the reader goes on."""
+    path = tmp_path / "s"
+    target, row = damaged_store(str(path))
+    with mr.ReplayStore.open(path, mode="r") as s:
+        ring = internals.log(s).ring
+        bad, good = damaged_slots(s, target, row)
+        good = np.ascontiguousarray(good[:40])
+        reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+        try:
+            assert reader.may_post()
+            out = np.full((good.size,) + ring.arrays["obs"].shape[1:], 7, ring.arrays["obs"].dtype)
+            posted = reader.post_gather(good, out)
+            assert reader.join_gather(posted) is out
+            np.testing.assert_array_equal(out, _reference(s).gather(good))
+            slots = good.copy()
+            slots[29] = bad
+            posted = reader.post_gather(slots, np.empty_like(out))
+            for _ in range(2):
+                with pytest.raises(mr.CorruptStoreError, match=f"{target}: frame {row} is damaged"):
+                    reader.join_gather(posted)
+            with pytest.raises(ValueError, match="out: expected a C-contiguous"):
+                reader.post_gather(good, out[:-1])
+            posted = reader.post_gather(good, out)
+            np.testing.assert_array_equal(reader.join_gather(posted), _reference(s).gather(good))
+        finally:
+            reader.close()
+
+
 @pytest.mark.parametrize("kind", ["raw", "lz4"])
 def test_batches_posting_hand_out_the_sampled_batches(tmp_path, kind):
     a = _atari_store(str(tmp_path / "a"), None if kind == "raw" else "lz4")
