@@ -47,7 +47,7 @@ from _report import table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
-from mmreplay.torch import device_batches, to_tensors  # noqa: E402
+from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
@@ -184,9 +184,32 @@ class _Unsteered:
             self._helpers._off = -1  # (steered again at the next post)
 
 
+class _MetaCopier(Copier):
+    """A copier to PyTorch's meta device: every call a GPU feed makes on the host, no bytes moved (the host side
+    of a feed to a GPU, on a machine without one)."""
+
+    device = torch.device("meta")
+
+    def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        return torch.empty(host.shape, dtype=host.dtype, device="meta"), None
+
+
+def gpu_host_feed(store: mr.ReplayStore, b: int, posted: bool = True) -> Any:
+    """``device_batches``' GPU way (distinct frames into ring buffers, packed, sent, stacks gathered on the
+    device) to the meta device; ``posted=False``: its distinct frames never posted to the reader's helpers
+    (read by the prefetch thread or in ``next()``)."""
+    if not posted:
+        store._post_frame_draw = lambda d, frame_buffer=None: None  # type: ignore[method-assign]
+    try:
+        return DeviceBatches(store, b, prefetch=2, copier=_MetaCopier())
+    finally:
+        if not posted:
+            del store._post_frame_draw
+
+
 def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float,
                   baseline: Callable[..., Any] | None = None) -> tuple[dict[str, list[float]], dict[str, NextTimer]]:
-    modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ())
+    modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ()) + GPU_WAYS
     rates: dict[str, list[float]] = {m: [] for m in modes}
     timers = {"feed": NextTimer(), "baseline": NextTimer()}
     for r in range(rounds):
@@ -198,6 +221,11 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
             elif m == "sample":
                 def step() -> None:
                     learner.update(to_tensors(store.sample(b), as_dict=False))
+            elif m in GPU_WAYS:
+                it = gpu_host_feed(store, b, posted=m == "gpu")
+
+                def step() -> None:
+                    learner.update(next(it))  # noqa: B023
             elif m == "batches2":
                 it = store.batches(b, prefetch=2)
 
@@ -227,8 +255,11 @@ def commit_of(root: str) -> str:
         return "?"
 
 
+GPU_WAYS = ("gpu", "gpu-unposted")
+
+
 def modes_of(baseline: Any) -> tuple[str, ...]:
-    return ("sample", "batches2", "feed") + (("baseline",) if baseline else ())
+    return ("sample", "batches2", "feed") + (("baseline",) if baseline else ()) + GPU_WAYS
 
 
 def cpu_per_1000(step: Callable[[], Any], n: int) -> float:
@@ -341,7 +372,11 @@ def main() -> None:
         f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
         " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"]
-              + (["feed (baseline)"] if baseline else []), rows)
+              + (["feed (baseline)"] if baseline else []) + ["GPU way, host side", "GPU way, not posted"], rows)
+        + "\n\nGPU way, host side: `DeviceBatches` with a copier to PyTorch's meta device (every call the feed makes"
+          " for a GPU, no bytes moved: distinct frames into ring buffers, packed, \"sent\", stacks gathered);"
+          " not posted: the same with its distinct frames never posted to the reader's helper threads (the"
+          " prefetch thread reads them while the learner steps), in the same windows."
         + (f"\n\nfeed (baseline): the feed of commit {commit_of(args.baseline)} (its `mmreplay/torch.py` and"
            " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows."
            if args.baseline else "")
