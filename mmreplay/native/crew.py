@@ -356,6 +356,12 @@ class Crew:
         """Wait until task ``(seq, chunks)`` is read, reading what nobody has started; ``(error, slot, chunks
         this thread read)``."""
         err, slot, n = join(self.ctl, task[0], task[1])
+        # read: the next post need not settle it (looked at again under the lock: a post in another thread
+        # may have replaced it, and that post's ``keep`` must stay)
+        if self._current is task:
+            with self._posting:
+                if self._current is task:
+                    self._current = self._keep = None
         return int(err), int(slot), int(n)
 
     def close(self) -> None:

@@ -237,3 +237,36 @@ def plan_returns_into(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndar
     _returns(reward, reward_slots, reward_weights, discounts, m, ends[0], values[0], values[1])
     values[2, :] = 1.0
     return stacks, pad, zeros
+
+
+@njit(cache=True, nogil=True)
+def distinct_slots(slots: np.ndarray, zero: np.ndarray, read: np.ndarray, positions: np.ndarray) -> tuple[int, int]:
+    """The distinct slots of ``slots`` (int64, 1-D) and where each entry is among them, in one pass after a
+    sort (``reading.batch.distinct_slots``' numpy reference: ``np.unique`` with its inverse, several calls).
+
+    ``zero``: bool, ``slots``' size (or empty: none) of entries whose frame reads as zeros whatever the slot.
+    Writes the sorted distinct slots of the other entries to ``read[:count]`` and each entry's int32
+    position to ``positions`` (a zero frame, where any entry is one, is position 0 and shifts the others
+    by one); returns ``(count, zeroed)``."""
+    n = slots.size
+    keys = slots.copy()
+    if zero.size:
+        for i in range(n):
+            if zero[i]:
+                keys[i] = -1  # (slots are >= 0: the zero frame sorts first)
+    order = np.argsort(keys)
+    count = 0
+    zeroed = 0
+    last = -2
+    for j in range(n):
+        i = order[j]
+        v = keys[i]
+        if v != last:
+            if v == -1:
+                zeroed = 1
+            else:
+                read[count - zeroed] = v
+            count += 1
+            last = v
+        positions[i] = count - 1
+    return count - zeroed, zeroed

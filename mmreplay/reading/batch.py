@@ -9,6 +9,7 @@ import numpy as np
 
 from ..core.plan import Plan
 from ..native import jit_enabled
+from ..native.plan import distinct_slots as native_distinct
 from ..native.plan import nstep_returns
 from .reader import FrameReader, PostedStacks
 
@@ -153,6 +154,21 @@ def distinct_slots(slots: np.ndarray, zero: np.ndarray | None) -> tuple[np.ndarr
     Returns ``(read, zeroed, positions)``: the sorted distinct slots of the other entries; whether a zero
     frame leads (position 0, so ``read[i]`` lands at ``i + zeroed``); int32 positions of ``slots``' shape.
     """
+    if _NATIVE:
+        read = np.empty(slots.size, np.int64)
+        positions = np.empty(slots.shape, np.int32)
+        mask = _NO_ZERO if zero is None else np.ascontiguousarray(zero, np.bool_).reshape(-1)
+        count, zeroed = native_distinct(np.ascontiguousarray(slots, np.int64).reshape(-1), mask, read,
+                                        positions.reshape(-1))
+        return read[:count], bool(zeroed), positions
+    return distinct_slots_numpy(slots, zero)
+
+
+_NO_ZERO = np.zeros(0, np.bool_)
+
+
+def distinct_slots_numpy(slots: np.ndarray, zero: np.ndarray | None) -> tuple[np.ndarray, bool, np.ndarray]:
+    """``distinct_slots`` in numpy (the reference of ``native.plan.distinct_slots``)."""
     flat = slots.reshape(-1)
     if zero is not None and zero.any():
         flat = np.where(zero.reshape(-1), -1, flat)  # -1 sorts first: the zero frame is position 0

@@ -179,3 +179,25 @@ def test_atari_shaped_store(tmp_path, pad):
     for _ in range(10):
         check(store, rng.choice(valid, 32), 0.99)
     store.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(shape=st.tuples(st.integers(1, 2), st.integers(1, 40), st.integers(1, 5)), span=st.integers(1, 300),
+       zeros=st.sampled_from(["none", "empty", "some", "all"]), seed=st.integers(0, 2**16))
+def test_distinct_slots_equal_numpy_unique(shape, span, zeros, seed):
+    """The native distinct slots of a batch's stacks (read once by a device feed) and every entry's position
+    among them equal ``np.unique``'s with its inverse, with and without entries that read as zeros."""
+    from mmreplay.reading.batch import distinct_slots, distinct_slots_numpy
+
+    rng = np.random.default_rng(seed)
+    slots = rng.integers(0, span, shape).astype(np.int64)  # (a small span: many repeats)
+    zero = {"none": None, "empty": np.zeros(shape, bool), "some": rng.random(shape) < 0.2,
+            "all": np.ones(shape, bool)}[zeros]
+    read, zeroed, positions = distinct_slots(slots, zero)
+    want_read, want_zeroed, want_positions = distinct_slots_numpy(slots, zero)
+    np.testing.assert_array_equal(read, want_read)
+    assert zeroed == want_zeroed
+    np.testing.assert_array_equal(positions, want_positions)
+    assert positions.dtype == np.int32 and read.dtype == np.int64
+    frames = np.concatenate(([-1] if zeroed else [], read))  # what a feed's frames stand for
+    np.testing.assert_array_equal(frames[positions], slots if zero is None else np.where(zero, -1, slots))
