@@ -63,6 +63,8 @@ from .reading.sequence_batch import (
     SequenceBatch,
     assemble_sequence_frames,
     assemble_sequences,
+    post_sequence_frames,
+    post_sequences,
 )
 from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
@@ -683,21 +685,35 @@ class ReplayStore:
         beta = self._beta_arg(beta)
         p = _inputs.prefetch_arg(prefetch)
         assemble: Callable[..., Any] = self._assemble_sequence_draw
+        post: Callable[[DrawnBatch], Any] = functools.partial(self._post_sequence_draw, distinct=False)
         if _frames_arg(frames, frame_buffer, transform):
             assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
+            post = functools.partial(self._post_sequence_draw, distinct=True, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._draw_state.iterator(lambda: self._draw_sequences(b, n, strict, beta),
                                      assemble, self._index, (b, n, strict),
-                                     p, self._limit.on_hand_out, guard=self._lock)
+                                     p, self._limit.on_hand_out, post, guard=self._lock)
 
     @fault_checked
-    def _assemble_sequence_frame_draw(self, d: DrawnBatch, frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
+    def _assemble_sequence_frame_draw(self, d: DrawnBatch, posted: PostedFrames | None = None,
+                                      then: Callable[[], None] | None = None,
+                                      frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
         """``_assemble_sequence_draw`` for ``sequence_batches(frames="distinct")``."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")
         return assemble_sequence_frames(d.plan, self._ring.arrays, self._extra_names, self._reader,
-                                        d.weight, frame_buffer)
+                                        d.weight, frame_buffer, posted, then)
+
+    def _post_sequence_draw(self, d: DrawnBatch, distinct: bool,
+                            frame_buffer: FrameBuffer | None = None) -> PostedFrames | None:
+        """``_post_draw`` for ``sequence_batches()``: the states' frames (``distinct``: each distinct frame once,
+        into ``frame_buffer``'s array)."""
+        if not isinstance(d.plan, SequencePlan) or not self._reader.may_post():
+            return None
+        if distinct:
+            return post_sequence_frames(d.plan, self._reader, frame_buffer)
+        return post_sequences(d.plan, self._reader)
 
     @_serialized
     @fault_checked
@@ -722,11 +738,12 @@ class ReplayStore:
         return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
     @fault_checked
-    def _assemble_sequence_draw(self, d: DrawnBatch) -> SequenceBatch:
+    def _assemble_sequence_draw(self, d: DrawnBatch, posted: PostedFrames | None = None,
+                                then: Callable[[], None] | None = None) -> SequenceBatch:
         """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
-        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight)
+        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight, posted, then)
 
     @_serialized
     def sampleable_ids(self) -> np.ndarray:

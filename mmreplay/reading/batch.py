@@ -207,11 +207,12 @@ def _stack_slots(plan: Plan) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 class PostedFrames:
-    """A ``FrameBatch``'s distinct frames being read by the reader's helper threads (``post_frames``)."""
+    """Frames being read by the reader's helper threads: a ``FrameBatch``'s distinct frames and their
+    positions (``post_frames``, ``post_distinct``), or a batch of sequences' states (``positions`` None)."""
 
     __slots__ = ("frames", "positions", "posted")
 
-    def __init__(self, frames: np.ndarray, positions: np.ndarray, posted: PostedStacks | None) -> None:
+    def __init__(self, frames: np.ndarray, positions: np.ndarray | None, posted: PostedStacks | None) -> None:
         self.frames, self.positions, self.posted = frames, positions, posted
 
     def join(self, reader: FrameReader) -> np.ndarray:
@@ -224,8 +225,14 @@ class PostedFrames:
 def post_frames(plan: Plan, reader: FrameReader, frame_buffer: FrameBuffer | None) -> PostedFrames:
     """Start reading a planned batch's distinct frames (``assemble_frames``' read) into ``frame_buffer``'s
     array in the reader's helper threads; only where ``reader.may_post()`` just said so."""
-    both, zero = _stack_slots(plan)
-    read, zeroed, positions = distinct_slots(both, zero)
+    return post_distinct(reader, *_stack_slots(plan), frame_buffer)
+
+
+def post_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | None,
+                  frame_buffer: FrameBuffer | None) -> PostedFrames:
+    """``read_distinct``'s read, posted to the reader's helper threads (``PostedFrames.join`` gives its frames;
+    its positions are known at once); only where ``reader.may_post()`` just said so."""
+    read, zeroed, positions = distinct_slots(slots, zero)
     shape = (read.size + zeroed,) + reader.frames.shape[1:]
     dtype = reader.frames.dtype
     frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
@@ -245,6 +252,7 @@ def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, 
     if posted is None:
         frames, positions = read_distinct(reader, *_stack_slots(plan), frame_buffer)
     else:
+        assert posted.positions is not None  # (a distinct read's)
         frames, positions = posted.join(reader), posted.positions
     if then is not None:
         then()

@@ -291,6 +291,10 @@ class FrameReader:
         self._gate.posts += 1
         return posted
 
+    def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
+        """A recycled output buffer of frames ``shape + frame shape`` (as ``gather`` reads into)."""
+        return self._pool.get(shape + self.frames.shape[1:], self.frames.dtype)
+
     def post_gather(self, slots: np.ndarray, out: np.ndarray) -> PostedStacks:
         """Start reading ``gather(slots, out)`` (``slots`` 1-D, ``out`` the caller's C-contiguous array of the
         frames' dtype and shape ``(slots.size, *frame)``, e.g. pinned host memory) in the helper threads and

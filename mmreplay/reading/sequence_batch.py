@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..core.sequences import SequencePlan
-from .batch import FrameBuffer, read_distinct
+from .batch import FrameBuffer, PostedFrames, post_distinct, read_distinct
 from .reader import FrameReader
 
 __all__ = ["FrameSequenceBatch", "SequenceBatch", "sequence_priority"]
@@ -58,10 +59,31 @@ def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return values
 
 
+def post_sequences(plan: SequencePlan, reader: FrameReader) -> PostedFrames:
+    """Start reading a planned batch of sequences' states (``assemble_sequences``' read) in the reader's helper
+    threads; only where ``reader.may_post()`` just said so."""
+    obs = reader.buffer(plan.obs_slots.shape)
+    flat = obs.reshape((-1,) + obs.shape[plan.obs_slots.ndim:])
+    return PostedFrames(obs, None, reader.post_gather(plan.obs_slots.reshape(-1), flat))
+
+
+def post_sequence_frames(plan: SequencePlan, reader: FrameReader, frame_buffer: FrameBuffer | None) -> PostedFrames:
+    """``post_sequences`` for ``assemble_sequence_frames``: the distinct frames, into ``frame_buffer``'s array."""
+    return post_distinct(reader, plan.obs_slots, _zeroed(plan), frame_buffer)
+
+
+def _zeroed(plan: SequencePlan) -> np.ndarray:
+    return plan.obs_pad | plan.obs_zero[..., None]
+
+
 def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
-                       reader: FrameReader, weight: np.ndarray | None) -> SequenceBatch:
-    """Copy a planned batch of sequences out of the ring arrays (frames through ``reader``)."""
-    obs = reader.gather(plan.obs_slots)
+                       reader: FrameReader, weight: np.ndarray | None, posted: PostedFrames | None = None,
+                       then: Callable[[], None] | None = None) -> SequenceBatch:
+    """Copy a planned batch of sequences out of the ring arrays (frames through ``reader``; ``posted``: already
+    being read, ``post_sequences``; ``then`` runs once they are read)."""
+    obs = reader.gather(plan.obs_slots) if posted is None else posted.join(reader)
+    if then is not None:
+        then()
     if plan.obs_pad.any():
         obs[plan.obs_pad] = 0
     if plan.obs_zero.any():
@@ -103,10 +125,17 @@ class FrameSequenceBatch:
 
 def assemble_sequence_frames(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
                              reader: FrameReader, weight: np.ndarray | None,
-                             frame_buffer: FrameBuffer | None = None) -> FrameSequenceBatch:
-    """``assemble_sequences``' batch as a ``FrameSequenceBatch`` (distinct frames into ``frame_buffer``'s array)."""
-    zero = plan.obs_pad | plan.obs_zero[..., None]
-    frames, positions = read_distinct(reader, plan.obs_slots, zero, frame_buffer)
+                             frame_buffer: FrameBuffer | None = None, posted: PostedFrames | None = None,
+                             then: Callable[[], None] | None = None) -> FrameSequenceBatch:
+    """``assemble_sequences``' batch as a ``FrameSequenceBatch`` (distinct frames into ``frame_buffer``'s array;
+    ``posted``: already being read, ``post_sequence_frames``)."""
+    if posted is None:
+        frames, positions = read_distinct(reader, plan.obs_slots, _zeroed(plan), frame_buffer)
+    else:
+        assert posted.positions is not None  # (a distinct read's)
+        frames, positions = posted.join(reader), posted.positions
+    if then is not None:
+        then()
     seq = _columns(plan, arrays, extra_names, weight)
     return FrameSequenceBatch(frames=frames, obs_index=positions, **seq)
 

@@ -176,6 +176,39 @@ def test_batches_posting_hand_out_the_sampled_batches(tmp_path, kind):
         b.close()
 
 
+@pytest.mark.parametrize("what", ["sequences", "sequences-distinct", "distinct"])
+@pytest.mark.parametrize("kind", ["raw", "lz4"])
+def test_sequence_and_distinct_frame_batches_posting_hand_out_the_sampled_ones(tmp_path, kind, what):
+    """``sequence_batches()`` (states, or distinct frames) and ``batches(frames="distinct")`` post their frames
+    to the helpers as ``batches()`` does, and hand out what ``sample_sequences()``/``sample()`` give."""
+    a = _atari_store(str(tmp_path / "a"), None if kind == "raw" else "lz4")
+    b = _atari_store(str(tmp_path / "b"), None if kind == "raw" else "lz4")
+    try:
+        sequences = what.startswith("sequences")
+        frames = "distinct" if what.endswith("distinct") else "stacks"
+        want = [a.sample_sequences(8, 12) if sequences else a.sample(16) for _ in range(40)]
+        it = b.sequence_batches(8, 12, frames=frames) if sequences else b.batches(16, frames=frames)
+        it.AWAY = 3600.0  # (as above)
+        gate = internals.reader(b)._gate
+        gate.SLOWER = 1e9
+        got = []
+        for i in range(40):
+            got.append(next(it))
+            if i % 10 == 5:
+                time.sleep(0.003)
+        it.close()
+        assert gate.posts >= 30
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            g = g.to_batch() if frames == "distinct" else g
+            for name in ("obs", "action", "reward", "terminated", "truncated", "index", "weight"):
+                np.testing.assert_array_equal(getattr(g, name), getattr(w, name), err_msg=f"{name} {i}")
+            if not sequences:
+                np.testing.assert_array_equal(g.next_obs, w.next_obs, err_msg=f"next_obs {i}")
+    finally:
+        a.close()
+        b.close()
+
+
 def test_an_iterator_dropped_with_a_posted_read_frees_and_unmaps_nothing_in_use(tmp_path):
     s = _atari_store(str(tmp_path / "s"), "lz4", capacity=300)
     frames = atari_frames("breakout")
