@@ -207,6 +207,26 @@ def gpu_host_feed(store: mr.ReplayStore, b: int, posted: bool = True) -> Any:
             del store._post_frame_draw
 
 
+COPY_LOOP = ("import sys, time\nimport numpy as np\na = np.ones(14 << 20, np.uint8)\nb = np.empty_like(a)\n"
+             "t = time.time()\nwhile time.time() - t < float(sys.argv[1]):\n    np.copyto(b, a)\n")
+
+
+def beside_a_copy(learner: Learner, rounds: int, seconds: float) -> tuple[float, float]:
+    """The learner's updates/s alone and beside another process copying 14 MB buffers in a loop (what reading a
+    B=256 batch a step does to the memory the learner's core shares), alternating; medians."""
+    import subprocess
+
+    alone, beside = [], []
+    for r in range(rounds):
+        for with_copy in ((False, True) if r % 2 == 0 else (True, False)):
+            child = subprocess.Popen([sys.executable, "-c", COPY_LOOP, str(seconds + 0.5)]) if with_copy else None
+            time.sleep(0.2 if with_copy else 0.0)
+            (beside if with_copy else alone).append(window(lambda: learner.update(None), seconds))
+            if child is not None:
+                child.wait()
+    return statistics.median(alone), statistics.median(beside)
+
+
 def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, seconds: float,
                   baseline: Callable[..., Any] | None = None) -> tuple[dict[str, list[float]], dict[str, NextTimer]]:
     modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ()) + GPU_WAYS
@@ -327,6 +347,8 @@ def main() -> None:
         store = mr.ReplayStore.open(path, "r", seed=0)
         learner = Learner(args.learner_ms / 1000)
         log(f"learner: {learner.seconds * 1e3:.2f} ms per update alone ({learner.inner} inner)")
+        copy_alone, copy_beside = beside_a_copy(learner, max(3, args.rounds), args.seconds)
+        log(f"learner alone {copy_alone:.0f}/s, beside a copy loop {copy_beside:.0f}/s")
         rows, gil, cpu_rows = [], [], []
         rb = None if args.no_cpprb else cpprb_buffer(args.capacity, pool, steps)
         for b in sizes:
@@ -383,6 +405,9 @@ def main() -> None:
         + ("\n\nfeed (baseline): this feed with the reader's helper threads placed by the system's scheduler"
            " alone, not kept off the CPU of the thread that posts their reads (the learner's), in the same windows."
            if args.unsteered else ""),
+        f"The learner alone, and beside another process copying 14 MB buffers in a loop on the other core (what"
+        f" the reading of a B=256 batch each step puts on the memory the cores share), alternating: {copy_alone:.0f}"
+        f" and {copy_beside:.0f} updates/s ({copy_beside / copy_alone:.2f}).",
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
         " the GIL it holds there: the draw of batch i+2, joining the read of batch i and posting that of batch i+1 to"
         " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
