@@ -31,6 +31,16 @@ def reader(store: mr.ReplayStore) -> Any:
     return store._reader
 
 
+def lend_frame_buffer(feed: Any, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A ``DeviceBatches``' ring buffer lent as a batch's frame buffer (what ``batches(frame_buffer=...)`` calls)."""
+    return feed._frame_buffer(shape, dtype)
+
+
+def frame_buffers_lent(feed: Any) -> int:
+    """How many of a ``DeviceBatches``' ring buffers are lent to batches not yet sent."""
+    return len(feed._lent)
+
+
 def posting_always(store: mr.ReplayStore) -> Any:
     """Have the store's reader post every batch it may (any size; joins slowed by other work on a busy
     machine do not rest posting); returns its ``PostGate`` (``.posts``: reads posted so far)."""

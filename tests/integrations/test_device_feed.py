@@ -258,12 +258,14 @@ def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari
     with mr.ReplayStore.open(atari_store, "r", seed=2) as b:
         copier = _late(mt, torch, delay=0.05)
         feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
+        from tests._support import internals
+
         try:
-            lent = feed._frame_buffer((10, 84, 84), np.dtype(np.uint8))
+            lent = internals.lend_frame_buffer(feed, (10, 84, 84), np.dtype(np.uint8))
             busy = [s for s in feed.ring.slots if s.busy]
-            assert len(busy) == 1 and len(feed._lent) == 1
+            assert len(busy) == 1 and internals.frame_buffers_lent(feed) == 1
             del lent
-            assert not busy[0].busy and not feed._lent  # given back when the array died unsent
+            assert not busy[0].busy and internals.frame_buffers_lent(feed) == 0  # given back: the array died unsent
             for _ in range(5):
                 next(feed)
             assert len(feed.ring.slots) == 2 + 3
