@@ -384,14 +384,13 @@ class CudaCopier(Copier):
 
 
 class _Slot:
-    __slots__ = ("host", "array", "copied", "busy", "lent")
+    __slots__ = ("host", "array", "copied", "busy")
 
     def __init__(self) -> None:
         self.host: torch.Tensor | None = None  # 1-D uint8, page-locked when the copier wants it
         self.array: np.ndarray = np.empty(0, np.uint8)  # the same memory
         self.copied: Any = None  # the handle of the last copy out of it
         self.busy = False  # held by a batch being assembled or not yet copied
-        self.lent = 0  # times lent as a frame buffer (tells one lending from the next)
 
 
 class HostRing:
@@ -482,7 +481,8 @@ class DeviceBatches(Iterator[Any]):
         self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
         self._layouts: dict[Any, _Layout] = {}
         # frame buffers lent to batches being read or assembled, by the id of the array lent: (its slot, a weak
-        # reference whose callback gives the slot back if the array dies unsent, its batch having failed)
+        # reference whose callback gives the slot back if the array dies unsent, its batch having failed; once
+        # the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
         self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
         frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
@@ -504,13 +504,10 @@ class DeviceBatches(Iterator[Any]):
         slot = self.ring.take()
         nbytes = int(np.prod(shape)) * dtype.itemsize
         array = self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape)
-        slot.lent += 1
-        key, lent, lent_out = id(array), slot.lent, self._lent
+        key, lent_out = id(array), self._lent
 
         def dropped(_: Any) -> None:  # (the array died before its batch was sent: give its buffer back)
-            held = lent_out.get(key)
-            if held is not None and held[0] is slot and slot.lent == lent:
-                del lent_out[key]
+            if lent_out.pop(key, None) is not None:
                 self.ring.give(slot, None)  # type: ignore[union-attr]
 
         lent_out[key] = (slot, weakref.ref(array, dropped))
