@@ -301,15 +301,19 @@ class FrameReader:
         return at once; ``join_gather`` finishes it. Only where ``may_post()`` just said so."""
         crew = self._crew
         assert crew is not None
-        frames = self.frames
-        if out.shape != slots.shape[:1] + frames.shape[1:] or out.dtype != frames.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape"
-                             f" {slots.shape[:1] + frames.shape[1:]}, got {out.dtype} {out.shape}")
+        self._check_out(out, slots.shape[:1] + self.frames.shape[1:])
         index = np.ascontiguousarray(slots, np.int64)
         posted = PostedStacks(crew, (0, 0), out, index, index)
         posted.task = crew.post(self._fields(FLAT, index, None, index.size, out), index.size, posted)
         self._gate.posts += 1
         return posted
+
+    def _check_out(self, out: np.ndarray, shape: tuple[int, ...]) -> None:
+        """Raise ``ValueError`` unless ``out`` is a C-contiguous array of the frames' dtype and ``shape``."""
+        dtype = self.frames.dtype
+        if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+            raise ValueError(f"out: expected a C-contiguous {dtype} array of shape {shape}, got"
+                             f" {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
 
     def join_gather(self, posted: PostedStacks) -> np.ndarray:
         """The frames ``post_gather`` started reading, once read (as ``join_stacks``): its ``out``."""
@@ -377,9 +381,8 @@ class FrameReader:
         shape = slots.shape + frames.shape[1:]
         if out is None:
             out = self._pool.get(shape, frames.dtype)
-        elif out.shape != shape or out.dtype != frames.dtype or not out.flags.c_contiguous:
-            raise ValueError(f"out: expected a C-contiguous {frames.dtype} array of shape {shape}, got"
-                             f" {out.dtype} {out.shape}{'' if out.flags.c_contiguous else ' (not C-contiguous)'}")
+        else:
+            self._check_out(out, shape)
         index = np.ascontiguousarray(slots, np.int64).reshape(-1)
         ahead = self._ahead()
         if ahead:
