@@ -240,14 +240,92 @@ def plan_returns_into(slots: np.ndarray, flags: np.ndarray, episode_pos: np.ndar
 
 
 @njit(cache=True, nogil=True)
-def distinct_slots(slots: np.ndarray, zero: np.ndarray, read: np.ndarray, positions: np.ndarray) -> tuple[int, int]:
+def _bits(n: int) -> int:
+    """The bits that hold 0 .. n-1 (at least 1)."""
+    b = 1
+    while (1 << b) < n:
+        b += 1
+    return b
+
+
+@njit(cache=True, nogil=True)
+def distinct_slots(slots: np.ndarray, run: int, zero: np.ndarray, read: np.ndarray, positions: np.ndarray
+                   ) -> tuple[int, int]:
     """The distinct slots of ``slots`` (int64, 1-D) and where each entry is among them, in one pass after a
     sort (``reading.batch.distinct_slots``' numpy reference: ``np.unique`` with its inverse, several calls).
 
-    ``zero``: bool, ``slots``' size (or empty: none) of entries whose frame reads as zeros whatever the slot.
-    Writes the sorted distinct slots of the other entries to ``read[:count]`` and each entry's int32
-    position to ``positions`` (a zero frame, where any entry is one, is position 0 and shifts the others
-    by one); returns ``(count, zeroed)``."""
+    ``run``: ``slots`` is a series of runs of that many entries (a batch's stacks: rows of k slots), each
+    usually ascending; any values are right, these only sort faster. ``zero``: bool, ``slots``' size (or
+    empty: none) of entries whose frame reads as zeros whatever the slot. Writes the sorted distinct slots of
+    the other entries to ``read[:count]`` and each entry's int32 position to ``positions`` (a zero frame,
+    where any entry is one, is position 0 and shifts the others by one); returns ``(count, zeroed)``.
+
+    A batch's stacks are runs of nearby slots: ordered by their first slot, the runs laid end to end are
+    nearly sorted (rows overlap only where they lie within a stack of each other), and an insertion sort
+    finishes them in about one pass: at B=256 (2,048 entries) a third of a general sort's time
+    (BENCHMARKS.md, "Figures behind the code"). Each key carries its entry's index in its low bits, so the
+    sort moves one word per entry. Where the insertion sort has to move many entries (runs that are not
+    ascending, e.g. a ring's wrap inside a stack), a general sort of the keys takes over.
+    """
+    n = slots.size
+    count = 0
+    zeroed = 0
+    if n == 0:
+        return 0, 0
+    run = max(1, min(run, n))
+    if n % run:
+        run = 1
+    shift = _bits(n)
+    top = 0
+    for i in range(n):
+        top = max(top, slots[i])
+    if top >= (1 << (62 - shift)):  # (no room for the entry's index: slots this large do not occur in a ring)
+        return _distinct_argsort(slots, zero, read, positions)
+    runs = n // run
+    rshift = _bits(runs)
+    firsts = np.empty(runs, np.int64)
+    for r in range(runs):
+        firsts[r] = (max(slots[r * run], 0) << rshift) | r
+    firsts.sort()
+    keys = np.empty(n, np.int64)
+    m = 0
+    check = zero.size != 0
+    for j in range(runs):
+        r = firsts[j] & ((1 << rshift) - 1)
+        for i in range(r * run, r * run + run):
+            if check and zero[i]:
+                positions[i] = 0
+                zeroed = 1
+            else:
+                keys[m] = (slots[i] << shift) | i
+                m += 1
+    moved = 0
+    for j in range(1, m):
+        v = keys[j]
+        i = j - 1
+        while i >= 0 and keys[i] > v:
+            keys[i + 1] = keys[i]
+            i -= 1
+        keys[i + 1] = v
+        moved += j - 1 - i
+        if moved > 4 * m:  # far from sorted: a general sort of the rest (quadratic time otherwise)
+            keys[:m].sort()
+            break
+    mask = (1 << shift) - 1
+    last = -1
+    for j in range(m):
+        v = keys[j] >> shift
+        if v != last:
+            read[count] = v
+            count += 1
+            last = v
+        positions[keys[j] & mask] = count - 1 + zeroed
+    return count, zeroed
+
+
+@njit(cache=True, nogil=True)
+def _distinct_argsort(slots: np.ndarray, zero: np.ndarray, read: np.ndarray, positions: np.ndarray) -> tuple[int, int]:
+    """``distinct_slots`` through an argsort of the slots (any int64 values >= 0)."""
     n = slots.size
     keys = slots.copy()
     if zero.size:

@@ -144,7 +144,7 @@ KERNELS: tuple[Kernel, ...] = (
     Kernel("plan", "plan_batch", _every(_i64(), _u8(), np.zeros(1, np.int32), _i64(), _i64(10), _f64())),
     Kernel("plan", "nstep_returns", _nstep),
     Kernel("lz4", "gather_pairs", lambda: _both(lambda: (_i64(1, 1), _i64(1, 1), 0, 1, _u8()))),
-    Kernel("plan", "distinct_slots", _every(_i64(), np.zeros(1, np.bool_), _i64(), np.zeros(1, np.int32))),
+    Kernel("plan", "distinct_slots", _every(_i64(), 1, np.zeros(1, np.bool_), _i64(), np.zeros(1, np.int32))),
     Kernel("crew", "post", _every(_i64(4), 1, 1, _i64(4))),
     Kernel("crew", "join", _every(_i64(4), 1, 1)),
     Kernel("crew", "serve", _every(_i64(4))),

@@ -158,7 +158,8 @@ def distinct_slots(slots: np.ndarray, zero: np.ndarray | None) -> tuple[np.ndarr
         read = np.empty(slots.size, np.int64)
         positions = np.empty(slots.shape, np.int32)
         mask = _NO_ZERO if zero is None else np.ascontiguousarray(zero, np.bool_).reshape(-1)
-        count, zeroed = native_distinct(np.ascontiguousarray(slots, np.int64).reshape(-1), mask, read,
+        run = slots.shape[-1] if slots.ndim else 1  # (rows of a stack, or of a sequence's states: ascending runs)
+        count, zeroed = native_distinct(np.ascontiguousarray(slots, np.int64).reshape(-1), run, mask, read,
                                         positions.reshape(-1))
         return read[:count], bool(zeroed), positions
     return distinct_slots_numpy(slots, zero)

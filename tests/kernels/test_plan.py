@@ -181,16 +181,27 @@ def test_atari_shaped_store(tmp_path, pad):
     store.close()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(shape=st.tuples(st.integers(1, 2), st.integers(1, 40), st.integers(1, 5)), span=st.integers(1, 300),
-       zeros=st.sampled_from(["none", "empty", "some", "all"]), seed=st.integers(0, 2**16))
-def test_distinct_slots_equal_numpy_unique(shape, span, zeros, seed):
+       zeros=st.sampled_from(["none", "empty", "some", "all"]), seed=st.integers(0, 2**16),
+       layout=st.sampled_from(["random", "stacks", "huge"]))
+def test_distinct_slots_equal_numpy_unique(shape, span, zeros, seed, layout):
     """The native distinct slots of a batch's stacks (read once by a device feed) and every entry's position
-    among them equal ``np.unique``'s with its inverse, with and without entries that read as zeros."""
+    among them equal ``np.unique``'s with its inverse, with and without entries that read as zeros: for
+    random slots (the kernel's general sort takes over), for rows of ascending runs as stacks are, padding
+    repeats and rows that overlap included (its insertion sort), and for slots too large to share a word with
+    the entry's index (its argsort)."""
     from mmreplay.reading.batch import distinct_slots, distinct_slots_numpy
 
     rng = np.random.default_rng(seed)
-    slots = rng.integers(0, span, shape).astype(np.int64)  # (a small span: many repeats)
+    if layout == "stacks":  # each row: a base slot's k neighbours, ascending, the first ones repeated (padding)
+        base = rng.integers(0, span, shape[:-1])[..., None]
+        steps = np.maximum(np.arange(shape[-1]) - rng.integers(0, 3, shape[:-1])[..., None], 0)
+        slots = (base + steps).astype(np.int64)
+    else:
+        slots = rng.integers(0, span, shape).astype(np.int64)  # (a small span: many repeats)
+    if layout == "huge":
+        slots += 2**60
     zero = {"none": None, "empty": np.zeros(shape, bool), "some": rng.random(shape) < 0.2,
             "all": np.ones(shape, bool)}[zeros]
     read, zeroed, positions = distinct_slots(slots, zero)
