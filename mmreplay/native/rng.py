@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from numba import njit, uint64
 
+from ._mem import prefetch
+
 _M_HI = np.uint64(2549297995355413924)  # PCG64's 128-bit multiplier, upper and lower halves
 _M_LO = np.uint64(4865540595714422341)
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -171,10 +173,17 @@ def draw_slots(st: np.ndarray, buf: np.ndarray, lo: int, hi: int, ids: np.ndarra
     and how many of those slots are not ``valid``: a uniform draw's proposals in one call."""
     integers(st, buf, lo, hi, ids)
     size = id2slot.size
-    bad = 0
-    for i in range(ids.size):
+    n = ids.size
+    # the ids are scattered over the tables (megabytes at 1M transitions, cold after a learner's step): every
+    # line is hinted before it is read, so their misses overlap instead of each row waiting for its own
+    for i in range(n):
+        prefetch(id2slot, ids[i] % size)  # type: ignore[call-arg]  # (an intrinsic: mypy counts its typing context)
+    for i in range(n):
         s = id2slot[ids[i] % size]
         slots[i] = s
-        if not valid[s]:
+        prefetch(valid, s)
+    bad = 0
+    for i in range(n):
+        if not valid[slots[i]]:
             bad += 1
     return bad
