@@ -156,6 +156,32 @@ def test_uniform_batches_are_samples(torch, mt, atari_store, way):
 
 
 @pytest.mark.parametrize("way", WAYS)
+def test_extras_of_every_width_are_samples(torch, mt, tmp_path, way):
+    """Extras of item sizes 1 to 8 and of several shapes, in an order that mixes them, travel with the batch's
+    columns (packed end to end, widest items first) and come out as ``sample()``'s, in its order."""
+    extras = {"flag": ((), "bool"), "h": ((3,), "float16"), "q": ((), "int8"), "v": ((2, 3), "float64"),
+              "c": ((5,), "int32"), "n": ((), "int16")}
+    rng = np.random.default_rng(7)
+    with mr.ReplayStore.create(tmp_path / "x", capacity=2000, obs_shape=(84, 84), stack=4, n_step=3,
+                               chunk_size=256, extras=extras) as s:
+        for ep in atari_like_episodes(4, seed=3, min_len=30, max_len=90):
+            s.reset(ep.frames[0])
+            for t in range(ep.length):
+                values = {k: rng.integers(-100, 100, shape).astype(dtype) for k, (shape, dtype) in extras.items()}
+                s.step(ep.actions[t], ep.rewards[t], ep.frames[t + 1], ep.terminated and t == ep.length - 1, False,
+                       **values)
+    with mr.ReplayStore.open(tmp_path / "x", "r", seed=2) as a, mr.ReplayStore.open(tmp_path / "x", "r", seed=2) as b:
+        feed = _feed(mt, torch, b, 20, way)
+        for _ in range(5):
+            tb, want = next(feed), a.sample(20)
+            assert_batch(tb, want)
+            assert list(tb.extras) == list(want.extras) and set(want.extras) == set(extras)
+            for name, (shape, dtype) in extras.items():
+                assert tb.extras[name].numpy().dtype == np.dtype(dtype) and tuple(tb.extras[name].shape) == (20, *shape)
+        feed.close()
+
+
+@pytest.mark.parametrize("way", WAYS)
 def test_prioritized_batches_are_batches_with_updates(torch, mt, prio_store, way, tmp_path):
     """Priority updates between batches take effect as in ``batches(prefetch=2)``: same draws, same weights."""
     rng = np.random.default_rng(1)
