@@ -120,6 +120,7 @@ class NextTimer:
     def __init__(self) -> None:
         self.wall: list[float] = []
         self.cpu: list[float] = []
+        self.windows: list[tuple[float, float]] = []  # each window's (updates/s, mean seconds in next())
 
     def next(self, it: Any) -> Any:
         c0, t0 = time.thread_time(), time.perf_counter()
@@ -257,7 +258,10 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
 
                 def step() -> None:
                     learner.update(timer.next(it))  # noqa: B023
+            calls = len(timers[m].wall) if m in timers else 0
             rates[m].append(window(step, seconds))
+            if m in timers:  # this window's mean time in next(): the rest of a step is the learner's own
+                timers[m].windows.append((rates[m][-1], float(np.mean(timers[m].wall[calls:]))))
             if it is not None:
                 it.close()
         log(f"B={b} round {r}: " + ", ".join(f"{m} {rates[m][-1]:.0f}/s" for m in modes))
@@ -349,7 +353,7 @@ def main() -> None:
         log(f"learner: {learner.seconds * 1e3:.2f} ms per update alone ({learner.inner} inner)")
         copy_alone, copy_beside = beside_a_copy(learner, max(3, args.rounds), args.seconds)
         log(f"learner alone {copy_alone:.0f}/s, beside a copy loop {copy_beside:.0f}/s")
-        rows, gil, cpu_rows = [], [], []
+        rows, gil, cpu_rows, split = [], [], [], []
         rb = None if args.no_cpprb else cpprb_buffer(args.capacity, pool, steps)
         for b in sizes:
             rates, timers = learner_rates(store, b, learner, args.rounds, args.seconds, baseline)
@@ -362,6 +366,11 @@ def main() -> None:
                 cpu = np.array(timers[m].cpu) * 1e6
                 gil.append([str(b) + (" (baseline)" if m == "baseline" else ""), f"{np.median(wall):.0f}",
                             f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}", f"{np.percentile(cpu, 90):.0f}"])
+            # where the feed's loss goes, window by window against the "alone" window of its round: a fed step is
+            # next() plus the learner's own update, which may itself run slower beside the read (caches, memory)
+            parts = [(rate / alone, inside * alone, (1 / rate - inside) * alone)
+                     for (rate, inside), alone in zip(timers["feed"].windows, rates["alone"], strict=True)]
+            split.append([str(b)] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
             wall = np.array(timers["feed"].wall) * 1e6
             cpu = np.array(timers["feed"].cpu) * 1e6
             n = max(200, 40_000 // b)
@@ -413,6 +422,12 @@ def main() -> None:
         " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
         " while the learner steps):",
         table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
+        "Where the feed's loss goes: a fed step is `next()` plus the learner's own update. Per window, against"
+        " the round's \"alone\" window (both in units of the learner's step alone, medians over rounds): the"
+        " feed's ratio; `next()`'s mean wall time; the rest of a fed step, the update itself (1.000: as fast as"
+        " alone; above: slowed beside the helpers' read, which shares the caches and memory; below: noise). The"
+        " ratio is 1 / (next() + update).",
+        table(["batch", "feed ratio", "`next()`", "update beside the read"], split),
         "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
         " no n-step window; numpy arrays); and the reading a GPU feed does on the host, `batches(frames=\"distinct\")`"
