@@ -181,7 +181,7 @@ def draw_slots(st: np.ndarray, buf: np.ndarray, lo: int, hi: int, ids: np.ndarra
     for i in range(n):
         s = id2slot[ids[i] % size]
         slots[i] = s
-        prefetch(valid, s)
+        prefetch(valid, s)  # type: ignore[call-arg]
     bad = 0
     for i in range(n):
         if not valid[slots[i]]:
