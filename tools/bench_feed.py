@@ -232,7 +232,7 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
                   baseline: Callable[..., Any] | None = None) -> tuple[dict[str, list[float]], dict[str, NextTimer]]:
     modes: tuple[str, ...] = ("alone", "sample", "batches2", "feed") + (("baseline",) if baseline else ()) + GPU_WAYS
     rates: dict[str, list[float]] = {m: [] for m in modes}
-    timers = {"feed": NextTimer(), "baseline": NextTimer()}
+    timers = {m: NextTimer() for m in ("feed", "baseline") + GPU_WAYS}
     for r in range(rounds):
         for m in (modes if r % 2 == 0 else modes[::-1]):
             it: Any = None
@@ -244,9 +244,10 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
                     learner.update(to_tensors(store.sample(b), as_dict=False))
             elif m in GPU_WAYS:
                 it = gpu_host_feed(store, b, posted=m == "gpu")
+                gpu_timer = timers[m]
 
                 def step() -> None:
-                    learner.update(next(it))  # noqa: B023
+                    learner.update(gpu_timer.next(it))  # noqa: B023
             elif m == "batches2":
                 it = store.batches(b, prefetch=2)
 
@@ -361,16 +362,18 @@ def main() -> None:
                      for m in rates}
             rows.append([str(b), f"{statistics.median(rates['alone']):.0f}"]
                         + [f"{statistics.median(rates[m]):.0f} ({ratio[m]:.2f})" for m in modes_of(baseline)])
-            for m in ("feed", "baseline") if baseline else ("feed",):
+            for m in (("feed", "baseline") if baseline else ("feed",)) + ("gpu",):
                 wall = np.array(timers[m].wall) * 1e6
                 cpu = np.array(timers[m].cpu) * 1e6
-                gil.append([str(b) + (" (baseline)" if m == "baseline" else ""), f"{np.median(wall):.0f}",
+                label = {"feed": "", "baseline": " (baseline)", "gpu": " (GPU way, host side)"}[m]
+                gil.append([str(b) + label, f"{np.median(wall):.0f}",
                             f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}", f"{np.percentile(cpu, 90):.0f}"])
             # where the feed's loss goes, window by window against the "alone" window of its round: a fed step is
             # next() plus the learner's own update, which may itself run slower beside the read (caches, memory)
-            parts = [(rate / alone, inside * alone, (1 / rate - inside) * alone)
-                     for (rate, inside), alone in zip(timers["feed"].windows, rates["alone"], strict=True)]
-            split.append([str(b)] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
+            for m, label in (("feed", ""), ("gpu", " (GPU way, host side)")):
+                parts = [(rate / alone, inside * alone, (1 / rate - inside) * alone)
+                         for (rate, inside), alone in zip(timers[m].windows, rates["alone"], strict=True)]
+                split.append([str(b) + label] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
             wall = np.array(timers["feed"].wall) * 1e6
             cpu = np.array(timers["feed"].cpu) * 1e6
             n = max(200, 40_000 // b)
@@ -420,14 +423,15 @@ def main() -> None:
         "Time the learner's thread spends in the feed's `next()` per batch (microseconds; thread CPU time bounds"
         " the GIL it holds there: the draw of batch i+2, joining the read of batch i and posting that of batch i+1 to"
         " the reader's helper threads, the batch's small columns and tensors; the frames are read by the helpers"
-        " while the learner steps):",
+        " while the learner steps; the GPU way's host side also packs and \"sends\" batch i and gathers its stacks"
+        " there, and posts batch i+1's distinct frames):",
         table(["batch", "wall median", "wall p90", "thread CPU median", "thread CPU p90"], gil),
         "Where the feed's loss goes: a fed step is `next()` plus the learner's own update. Per window, against"
         " the round's \"alone\" window (both in units of the learner's step alone, medians over rounds): the"
-        " feed's ratio; `next()`'s mean wall time; the rest of a fed step, the update itself (1.000: as fast as"
-        " alone; above: slowed beside the helpers' read, which shares the caches and memory; below: noise). The"
-        " ratio is 1 / (next() + update).",
-        table(["batch", "feed ratio", "`next()`", "update beside the read"], split),
+        " ratio; `next()`'s mean wall time; the rest of a fed step, the update itself (1.000: as fast as alone;"
+        " above: slower when fed, its caches refilled after each `next()` and shared with the helpers' read; below:"
+        " noise). The ratio is 1 / (next() + update).",
+        table(["batch", "ratio", "`next()`", "update beside the read"], split),
         "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
         " no n-step window; numpy arrays); and the reading a GPU feed does on the host, `batches(frames=\"distinct\")`"
