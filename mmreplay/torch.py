@@ -384,13 +384,14 @@ class CudaCopier(Copier):
 
 
 class _Slot:
-    __slots__ = ("host", "array", "copied", "busy")
+    __slots__ = ("host", "array", "copied", "busy", "given")
 
     def __init__(self) -> None:
         self.host: torch.Tensor | None = None  # 1-D uint8, page-locked when the copier wants it
         self.array: np.ndarray = np.empty(0, np.uint8)  # the same memory
         self.copied: Any = None  # the handle of the last copy out of it
         self.busy = False  # held by a batch being assembled or not yet copied
+        self.given = 0  # when it was last given back (HostRing's count): the oldest copy completes first
 
 
 class HostRing:
@@ -400,25 +401,36 @@ class HostRing:
         self.copier = copier
         self.slots = [_Slot() for _ in range(count)]
         self._lock = threading.Lock()
+        self._given = 0
         self.waits = 0  # times a take had to wait for a copy to complete (the ring was short)
+        self.queries = 0  # times a take asked whether a copy had completed
 
     def take(self) -> _Slot:
+        """A free buffer: one no copy reads from, else the one whose copy was started first, once that copy
+        completed. Copies on one stream complete in the order they were started, so the oldest copy is the
+        one to ask about (a query is a call into the device's driver) and, where it is still in flight, the
+        one to wait for."""
         while True:
-            oldest = None
             with self._lock:
+                oldest = None
                 for slot in self.slots:
                     if slot.busy:
                         continue
-                    if slot.copied is None or self.copier.done(slot.copied):
-                        slot.copied = None
+                    if slot.copied is None:
                         slot.busy = True
                         return slot
-                    oldest = oldest or slot
+                    if oldest is None or slot.given < oldest.given:
+                        oldest = slot
                 if oldest is None:  # every buffer held by an assembled batch: cannot happen with p + 2 or more
                     slot = _Slot()
                     slot.busy = True
                     self.slots.append(slot)
                     return slot
+                self.queries += 1
+                if self.copier.done(oldest.copied):
+                    oldest.copied = None
+                    oldest.busy = True
+                    return oldest
                 handle = oldest.copied
             self.waits += 1
             self.copier.wait(handle)
@@ -428,6 +440,8 @@ class HostRing:
         with self._lock:
             slot.copied = copied
             slot.busy = False
+            slot.given = self._given
+            self._given += 1
 
     def reserve(self, slot: _Slot, nbytes: int, keep: int = 0) -> np.ndarray:
         """``slot``'s memory, at least ``nbytes`` (grown if needed, its first ``keep`` bytes kept)."""

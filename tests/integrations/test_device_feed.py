@@ -278,6 +278,37 @@ def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
         assert len(feed.ring.slots) == 2 + 3
 
 
+def test_a_take_asks_about_and_waits_for_the_oldest_copy(mt):
+    """The host ring hands out a buffer no copy reads from first; else it asks only whether the oldest copy
+    completed (copies on one stream complete in order) and, if not, waits for that one, never for a newer."""
+
+    class InOrder(mt.Copier):  # copies complete one at a time, oldest first, each when waited for or released
+        def __init__(self):
+            self.done_up_to = -1  # copies 0 .. done_up_to completed
+            self.asked, self.waited = [], []
+
+        def done(self, handle):
+            self.asked.append(handle)
+            return handle <= self.done_up_to
+
+        def wait(self, handle):
+            self.waited.append(handle)
+            self.done_up_to = max(self.done_up_to, handle)
+
+    copier = InOrder()
+    ring = mt.HostRing(copier, 3)
+    slots = [ring.take() for _ in range(3)]
+    assert copier.asked == [] and all(s.busy for s in slots)  # fresh buffers: nothing to ask
+    for handle, slot in zip((0, 1, 2), (slots[2], slots[0], slots[1]), strict=True):  # given back out of list order
+        ring.give(slot, handle)
+    got = ring.take()  # every copy in flight: ask about the oldest (0) only, wait for it, take its buffer
+    assert got is slots[2] and copier.asked == [0, 0] and copier.waited == [0] and ring.waits == 1
+    copier.done_up_to = 2  # the others completed meanwhile: the next oldest is taken after one question
+    assert ring.take() is slots[0] and copier.asked[-1] == 1 and len(copier.asked) == 3
+    ring.give(got, None)  # a buffer given back with no copy (its batch failed) is free at once
+    assert ring.take() is got and len(copier.asked) == 3
+
+
 def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari_store):
     """A distinct-frame buffer lent to a batch that is never sent (its read failed: the array is dropped) is
     free again at once; one that is sent stays held until its copy completes."""
