@@ -403,7 +403,6 @@ class HostRing:
         self._lock = threading.Lock()
         self._given = 0
         self.waits = 0  # times a take had to wait for a copy to complete (the ring was short)
-        self.queries = 0  # times a take asked whether a copy had completed
 
     def take(self) -> _Slot:
         """A free buffer: one no copy reads from, else the one whose copy was started first, once that copy
@@ -426,7 +425,6 @@ class HostRing:
                     slot.busy = True
                     self.slots.append(slot)
                     return slot
-                self.queries += 1
                 if self.copier.done(oldest.copied):
                     oldest.copied = None
                     oldest.busy = True
