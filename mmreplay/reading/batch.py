@@ -184,15 +184,37 @@ def read_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | Non
     reader's recycled buffers when None), a zero frame first where ``zero`` marks entries; ``frames[positions]``
     is ``frames_of_ring[slots]`` with the ``zero`` entries zeroed."""
     read, zeroed, positions = distinct_slots(slots, zero)
-    shape = (read.size + zeroed,) + reader.frames.shape[1:]
-    dtype = reader.frames.dtype
     frames = reader.gather(read) if frame_buffer is None and not zeroed else None
     if frames is None:
-        frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
-        if zeroed:
-            frames[0] = 0
+        frames = _distinct_array(reader, read.size, zeroed, frame_buffer)
         if read.size:
             reader.gather(read, out=frames[int(zeroed):])
+    return frames, positions
+
+
+def _distinct_array(reader: FrameReader, count: int, zeroed: bool, frame_buffer: FrameBuffer | None) -> np.ndarray:
+    """The array a batch's ``count`` distinct frames are read into (``frame_buffer``'s, else a new one), behind
+    a zero frame where ``zeroed``."""
+    shape = (count + zeroed,) + reader.frames.shape[1:]
+    dtype = reader.frames.dtype
+    frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
+    if zeroed:
+        frames[0] = 0
+    return frames
+
+
+def distinct_frames(reader: FrameReader, posted: PostedFrames | None, then: Callable[[], None] | None,
+                    slots_and_zero: Callable[[], tuple[np.ndarray, np.ndarray | None]],
+                    frame_buffer: FrameBuffer | None) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's ``(frames, positions)``: those ``posted`` (``post_distinct``) once read, else ``read_distinct``
+    of ``slots_and_zero()`` now, into ``frame_buffer``'s array; ``then`` runs once they are read."""
+    if posted is None:
+        frames, positions = read_distinct(reader, *slots_and_zero(), frame_buffer)
+    else:
+        assert posted.positions is not None  # (a distinct read's)
+        frames, positions = posted.join(reader), posted.positions
+    if then is not None:
+        then()
     return frames, positions
 
 
@@ -234,11 +256,7 @@ def post_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | Non
     """``read_distinct``'s read, posted to the reader's helper threads (``PostedFrames.join`` gives its frames;
     its positions are known at once); only where ``reader.may_post()`` just said so."""
     read, zeroed, positions = distinct_slots(slots, zero)
-    shape = (read.size + zeroed,) + reader.frames.shape[1:]
-    dtype = reader.frames.dtype
-    frames = np.empty(shape, dtype) if frame_buffer is None else frame_buffer(shape, dtype)
-    if zeroed:
-        frames[0] = 0
+    frames = _distinct_array(reader, read.size, zeroed, frame_buffer)
     posted = reader.post_gather(read, frames[int(zeroed):]) if read.size else None
     return PostedFrames(frames, positions, posted)
 
@@ -250,13 +268,7 @@ def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, 
     """``assemble``'s batch as a ``FrameBatch``: the distinct frames of both stacks read once (into
     ``frame_buffer``'s array), the stacks as positions into them; everything else as ``assemble``.
     ``posted``: its frames, already being read (``post_frames``); ``then`` runs once they are read."""
-    if posted is None:
-        frames, positions = read_distinct(reader, *_stack_slots(plan), frame_buffer)
-    else:
-        assert posted.positions is not None  # (a distinct read's)
-        frames, positions = posted.join(reader), posted.positions
-    if then is not None:
-        then()
+    frames, positions = distinct_frames(reader, posted, then, lambda: _stack_slots(plan), frame_buffer)
     reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
                                      plan.window, plan.terminated)
     return FrameBatch(

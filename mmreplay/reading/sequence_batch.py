@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..core.sequences import SequencePlan
-from .batch import FrameBuffer, PostedFrames, post_distinct, read_distinct
+from .batch import FrameBuffer, PostedFrames, distinct_frames, post_distinct
 from .reader import FrameReader
 
 __all__ = ["FrameSequenceBatch", "SequenceBatch", "sequence_priority"]
@@ -129,13 +129,7 @@ def assemble_sequence_frames(plan: SequencePlan, arrays: dict[str, np.ndarray], 
                              then: Callable[[], None] | None = None) -> FrameSequenceBatch:
     """``assemble_sequences``' batch as a ``FrameSequenceBatch`` (distinct frames into ``frame_buffer``'s array;
     ``posted``: already being read, ``post_sequence_frames``)."""
-    if posted is None:
-        frames, positions = read_distinct(reader, plan.obs_slots, _zeroed(plan), frame_buffer)
-    else:
-        assert posted.positions is not None  # (a distinct read's)
-        frames, positions = posted.join(reader), posted.positions
-    if then is not None:
-        then()
+    frames, positions = distinct_frames(reader, posted, then, lambda: (plan.obs_slots, _zeroed(plan)), frame_buffer)
     seq = _columns(plan, arrays, extra_names, weight)
     return FrameSequenceBatch(frames=frames, obs_index=positions, **seq)
 
