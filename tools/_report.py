@@ -1,4 +1,5 @@
-"""Write a benchmark's section into BENCHMARKS.md (between markers, replacing the previous run)."""
+"""Write a benchmark's section into BENCHMARKS.md (between markers, replacing the previous run); the repository's
+Atari frames the benchmarks read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import platform
 import re
 import shlex
 import sys
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(ROOT, "BENCHMARKS.md")
@@ -52,3 +55,9 @@ def table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def atari_pool() -> np.ndarray:
+    """The frames of the repository's recorded Atari games (tests/data/atari), end to end."""
+    games = ("pong", "breakout", "seaquest", "mspacman")
+    return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"] for g in games])

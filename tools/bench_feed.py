@@ -43,24 +43,17 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import table, write_section  # noqa: E402
+from _report import atari_pool, table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
 
 
 def log(msg: str) -> None:
     print(time.strftime("%H:%M:%S"), msg, file=sys.stderr, flush=True)
-
-
-def atari_pool() -> np.ndarray:
-    games = ("pong", "breakout", "seaquest", "mspacman")
-    return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"]
-                           for g in games])
 
 
 class Learner:

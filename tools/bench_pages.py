@@ -24,19 +24,12 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import table, write_section  # noqa: E402
+from _report import atari_pool, table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
 from mmreplay.native import lz4  # noqa: E402
 from mmreplay.native.codes import KIND_RAW  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def atari_pool() -> np.ndarray:
-    games = ("pong", "breakout", "seaquest", "mspacman")
-    return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"] for g in games])
 
 
 def huge_pages(on: bool) -> None:
