@@ -68,9 +68,10 @@ def main() -> None:
             reader, index = st._reader, st._index
             kernel_args = list(reader._kernel_args())
             raw, kind, rows_alloc, fb = kernel_args[0], kernel_args[3], kernel_args[6], kernel_args[8]
+            mapped = reader._ring.schema.chunk_size * fb  # (of a position's stride of rows_alloc rows)
 
             def anon(huge: bool) -> np.ndarray:
-                """A copy of the mapped positions' frames (the rest of the reservation is not mapped)."""
+                """A copy of the mapped chunks' frames (the rest of the reservation is not mapped)."""
                 huge_pages(huge)
                 try:
                     copy = np.zeros_like(raw)
@@ -78,7 +79,8 @@ def main() -> None:
                     huge_pages(True)
                 for pos in range(kind.size):
                     if kind[pos] == KIND_RAW:
-                        a, b = pos * rows_alloc * fb, (pos + 1) * rows_alloc * fb
+                        a = pos * rows_alloc * fb
+                        b = a + mapped
                         copy[a:b] = raw[a:b]
                 return copy
 
