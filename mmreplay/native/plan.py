@@ -262,8 +262,8 @@ def distinct_slots(slots: np.ndarray, run: int, zero: np.ndarray, read: np.ndarr
 
     A batch's stacks are runs of nearby slots: ordered by their first slot, the runs laid end to end are
     nearly sorted (rows overlap only where they lie within a stack of each other), and an insertion sort
-    finishes them in about one pass: at B=256 (2,048 entries) a third of a general sort's time
-    (BENCHMARKS.md, "Figures behind the code"). Each key carries its entry's index in its low bits, so the
+    finishes them in about one pass, well under a general sort's time (BENCHMARKS.md, "Figures behind the
+    code"). Each key carries its entry's index in its low bits, so the
     sort moves one word per entry. Where the insertion sort has to move many entries (runs that are not
     ascending, e.g. a ring's wrap inside a stack), a general sort of the keys takes over.
     """
