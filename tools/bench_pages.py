@@ -4,9 +4,11 @@ A store's raw frames are its chunk files mapped from the page cache (4 KiB pages
 and a frame of 7 KiB spans two or three of them); an in-RAM buffer such as cpprb's is NumPy memory, which
 NumPy asks to back with 2 MiB pages (transparent huge pages, where the system allows them on request). This
 measures the same batches' stacks read by the same kernel (``lz4.gather_pairs``, one thread, pinned to one
-CPU) from three copies of the frames: the store's mapping, an anonymous copy with huge pages, and one without.
-The difference between the first two is what the pages cost; the page cache cannot give huge pages to an
-ordinary file on most kernels (``CONFIG_READ_ONLY_THP_FOR_FS``, read-only files only).
+CPU) from four copies of the frames: the store's mapping, an anonymous copy with huge pages, one without, and a
+file holding the same bytes written in large writes. The difference between the first two is what the pages
+cost. The last one shows whether the page cache itself can serve 2 MiB pages: a kernel whose file system
+keeps large folios (ext4 and XFS on recent Linux) fills a large write with them and maps them whole into a
+mapping aligned to 2 MiB, where pages written a row at a time (as a store's writer writes them) stay 4 KiB.
 
     python tools/bench_pages.py [--capacity 100000] [--batch 32 --batch 256] [--rounds 8] [--no-write]
 """
@@ -37,12 +39,22 @@ def huge_pages(on: bool) -> None:
     np._core.multiarray._set_madvise_hugepage(on)  # type: ignore[attr-defined]
 
 
-def anon_huge_kib() -> int:
+def smaps_kib(field: str) -> int:
+    """The process's ``field`` (e.g. ``AnonHugePages``, ``FilePmdMapped``) in KiB."""
     with open("/proc/self/smaps_rollup") as f:
         for line in f:
-            if line.startswith("AnonHugePages:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
+
+
+def written_whole(copy: np.ndarray, path: str) -> np.ndarray:
+    """``copy``'s bytes in a new file at ``path``, written in 64 MiB writes, mapped read-only."""
+    step = 64 << 20
+    with open(path, "wb") as f:
+        for at in range(0, copy.size, step):
+            f.write(memoryview(copy[at:at + step]))
+    return np.memmap(path, np.uint8, "r", shape=copy.shape)
 
 
 def main() -> None:
@@ -84,10 +96,15 @@ def main() -> None:
                         copy[a:b] = raw[a:b]
                 return copy
 
-            before = anon_huge_kib()
+            before = smaps_kib("AnonHugePages")
             ways = {"file mapping": raw, "anonymous, huge pages": anon(True)}
-            huge_kib = anon_huge_kib() - before
+            huge_kib = smaps_kib("AnonHugePages") - before
             ways["anonymous, 4 KiB pages"] = anon(False)
+            for pos in range(kind.size):  # (every page of the store's chunks mapped in, to count how)
+                if kind[pos] == KIND_RAW:
+                    int(raw[pos * rows_alloc * fb:pos * rows_alloc * fb + mapped:4096].sum())
+            store_pmd_kib = smaps_kib("FilePmdMapped")
+            ways["file written whole"] = written_whole(ways["anonymous, huge pages"], os.path.join(tmp, "whole"))
             rng = np.random.default_rng(0)
             for b in sizes:
                 plans = [index.plan(index.draw_uniform(rng, index.oldest_id, index.next_id - 10, b)[1])
@@ -96,6 +113,7 @@ def main() -> None:
                 for frames in ways.values():  # (warm: every copy's pages touched by these batches)
                     for p in plans:
                         lz4.gather_pairs(p.stacks[0], p.stacks[1], 0, b, out, frames, *kernel_args[1:])
+                pmd_kib = smaps_kib("FilePmdMapped") - store_pmd_kib  # (the whole file's pages read so far)
                 times: dict[str, list[float]] = {k: [] for k in ways}
                 for r in range(args.rounds):
                     for name in (list(ways) if r % 2 == 0 else list(ways)[::-1]):
@@ -118,7 +136,10 @@ def main() -> None:
         f"Thread CPU per batch (us) of one read of a batch's two stacks (`lz4.gather_pairs`, one thread pinned to CPU"
         f" {cpu}) from a raw-frame store of capacity {args.capacity:,} (the repository's Atari frames, stack 4, n-step 3),"
         " from its file mapping (the page cache's 4 KiB pages) and from two anonymous copies of the same frames, one"
-        f" with 2 MiB pages ({huge_kib / 1024:.0f} MiB of it backed by huge pages) and one without; medians of"
+        f" with 2 MiB pages ({huge_kib / 1024:.0f} MiB of it backed by huge pages) and one without, and from a file"
+        " holding the same bytes, written in 64 MiB writes and mapped whole (page-cache pages mapped 2 MiB at a time"
+        f" after the reads: {pmd_kib / 1024:.0f} MiB of that file, {store_pmd_kib / 1024:.0f} MiB of the store's chunks,"
+        " whose pages its writer filled a row at a time); medians of"
         f" {args.rounds} alternating {args.seconds:g} s windows, in brackets against the file mapping. Load average (1"
         f" min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
         table(["batch"] + list(ways), rows),
