@@ -61,3 +61,14 @@ def atari_pool() -> np.ndarray:
     """The frames of the repository's recorded Atari games (tests/data/atari), end to end."""
     games = ("pong", "breakout", "seaquest", "mspacman")
     return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"] for g in games])
+
+
+def settle() -> None:
+    """Before measuring a store just filled: wait for the kernels it compiles (or loads from numba's cache) in
+    the background, whose thread takes turns with the measured one on the GIL, and write the pages the fill
+    dirtied to the disk now rather than while the measurement runs."""
+    from mmreplay.native.warmup import BACKGROUND
+
+    for thread in list(BACKGROUND.threads.values()):
+        thread.join()
+    os.sync()

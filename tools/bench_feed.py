@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import atari_pool, table, write_section  # noqa: E402
+from _report import atari_pool, settle, table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
@@ -342,6 +342,7 @@ def main() -> None:
         with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
             log(f"filling {steps:,} steps")
             fill(w, steps, pool)
+        settle()
         store = mr.ReplayStore.open(path, "r", seed=0)
         learner = Learner(args.learner_ms / 1000)
         log(f"learner: {learner.seconds * 1e3:.2f} ms per update alone ({learner.inner} inner)")
