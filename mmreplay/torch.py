@@ -335,6 +335,12 @@ class Copier:
         return out, copied, ready
 
 
+def _event() -> Any:
+    """An event the host may wait on: created blocking, so ``synchronize`` sleeps until the device reaches it
+    (without the flag, CUDA busy-waits a CPU core for the whole wait)."""
+    return torch.cuda.Event(blocking=True)
+
+
 class CudaCopier(Copier):
     """Non-blocking copies on a side stream of ``device``; events mark their completion."""
 
@@ -348,14 +354,14 @@ class CudaCopier(Copier):
         with torch.cuda.stream(self.stream):
             dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             dev.copy_(host, non_blocking=True)
-            event = torch.cuda.Event()
+            event = _event()
             event.record(self.stream)
         return dev, event
 
     def build(self, fn: Any) -> tuple[Any, Any]:
         with torch.cuda.stream(self.stream):
             out = fn()
-            event = torch.cuda.Event()
+            event = _event()
             event.record(self.stream)
         return out, event
 
@@ -366,7 +372,7 @@ class CudaCopier(Copier):
             dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             dev.copy_(host, non_blocking=True)
             out = fn(dev)
-            event = torch.cuda.Event()
+            event = _event()
             event.record(self.stream)
         return out, event, event
 
@@ -374,7 +380,7 @@ class CudaCopier(Copier):
         return bool(handle.query())
 
     def wait(self, handle: Any) -> None:
-        handle.synchronize()  # (releases the GIL)
+        handle.synchronize()  # (releases the GIL; sleeps: the events are blocking)
 
     def consume(self, handle: Any, tensors: list[torch.Tensor]) -> None:
         stream = torch.cuda.current_stream(self.device)

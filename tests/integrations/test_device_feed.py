@@ -8,6 +8,7 @@ stream and events with copies whose completion comes late. CUDA tests skip witho
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 import time
@@ -307,6 +308,33 @@ def test_a_take_asks_about_and_waits_for_the_oldest_copy(mt):
     assert ring.take() is slots[0] and copier.asked[-1] == 1 and len(copier.asked) == 3
     ring.give(got, None)  # a buffer given back with no copy (its batch failed) is free at once
     assert ring.take() is got and len(copier.asked) == 3
+
+
+def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
+    """Every event ``CudaCopier`` records, the ones its ring may wait on included, is created blocking: CUDA
+    busy-waits a CPU core in ``synchronize`` on any other event. (CUDA is stood in for: the copies go to the
+    meta device, the stream and events are recorders.)"""
+    made = []
+
+    class Event:
+        def __init__(self, **flags):
+            self.flags = flags
+            self.recorded = None
+            made.append(self)
+
+        def record(self, stream):
+            self.recorded = stream
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("stream", device))
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    copier = mt.CudaCopier(torch.device("meta"))
+    host = torch.zeros(64, dtype=torch.uint8)
+    copier.copy(host)
+    copier.build(lambda: None)
+    copier.send(host, lambda dev: dev[:8])
+    assert len(made) == 3
+    assert all(e.flags.get("blocking") is True and e.recorded == copier.stream for e in made)
 
 
 def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari_store):
