@@ -75,41 +75,41 @@ class Timed:
         self._undo = []
 
 
+def fed_pass(store: mr.ReplayStore, b: int, learner: Learner, n: int,
+             timed: Timed | None = None) -> list[int]:
+    """Nanoseconds of each of ``n`` ``next()`` calls of a feed, each after a learner's step (with ``timed``:
+    its parts wrapped while the pass runs)."""
+    times: list[int] = []
+    it = device_batches(store, b, "cpu", prefetch=2)
+    if timed is not None:
+        bi = it._it
+        timed.wrap(bi, "_draw", "draw")
+        timed.wrap(store._parts.sampler, "draw", "uniform draw")
+        timed.wrap(store._index, "plan", "plan")
+        timed.wrap(bi, "_assemble", "join and assemble")  # (the post runs inside it, once the frames are joined)
+        timed.wrap(bi, "_post", "post")
+        timed.wrap(crew_module, "post", "native post")
+        timed.wrap(it, "_on_cpu", "tensors")
+    try:
+        for _ in range(n):
+            learner.update(None)
+            t0 = time.perf_counter_ns()
+            batch = next(it)
+            times.append(time.perf_counter_ns() - t0)
+            learner.update(batch)
+    finally:
+        if timed is not None:
+            timed.undo()
+        it.close()
+    return times
+
+
 def parts_of_next(store: mr.ReplayStore, b: int, learner: Learner, n: int) -> tuple[dict[str, float], float, float]:
     """Median microseconds of each part of ``next()``, of ``next()`` unwrapped (a pass of its own) and of
     ``next()`` with its parts wrapped."""
-    plain: list[int] = []
-    it = device_batches(store, b, "cpu", prefetch=2)
-    try:
-        for _ in range(n):
-            learner.update(None)
-            t0 = time.perf_counter_ns()
-            batch = next(it)
-            plain.append(time.perf_counter_ns() - t0)
-            learner.update(batch)
-    finally:
-        it.close()
+    plain = fed_pass(store, b, learner, n)
     timed = Timed()
-    it = device_batches(store, b, "cpu", prefetch=2)
-    bi = it._it
-    timed.wrap(bi, "_draw", "draw")
-    timed.wrap(store._parts.sampler, "draw", "uniform draw")
-    timed.wrap(store._index, "plan", "plan")
-    timed.wrap(bi, "_assemble", "join and assemble")  # (the post runs inside it, once the frames are joined)
-    timed.wrap(bi, "_post", "post")
-    timed.wrap(crew_module, "post", "native post")
-    timed.wrap(it, "_on_cpu", "tensors")
-    wrapped: list[int] = []
-    try:
-        for _ in range(n):
-            learner.update(None)
-            t0 = time.perf_counter_ns()
-            batch = next(it)
-            wrapped.append(time.perf_counter_ns() - t0)
-            learner.update(batch)
-    finally:
-        timed.undo()
-        it.close()
+    wrapped = fed_pass(store, b, learner, n, timed)
     skip = n // 5
     med = {p: statistics.median(v[skip:]) / 1e3 for p, v in timed.ns.items() if v[skip:]}
     med["join and assemble"] -= med.get("post", 0.0)
