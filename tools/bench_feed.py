@@ -50,6 +50,7 @@ from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # noqa: E402
 
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
+CPU_ROUNDS = 3  # alternating tight-loop windows of each way for its CPU per batch
 
 
 def log(msg: str) -> None:
@@ -372,17 +373,25 @@ def main() -> None:
             cpu = np.array(timers["feed"].cpu) * 1e6
             n = max(200, 40_000 // b)
             it = device_batches(store, b, "cpu", prefetch=2)
-            feed = cpu_per_1000(lambda: next(it), n)  # noqa: B023
-            it.close()
-            samp = cpu_per_1000(lambda: to_tensors(store.sample(b), as_dict=False), n)  # noqa: B023
             # the GPU feed's reading on the host: distinct frames into one reused buffer (pinned on a GPU machine)
             buf = np.empty((2 * b * 4 + 1, 84, 84), np.uint8)
             dit = store.batches(b, prefetch=2, frames="distinct",
                                 frame_buffer=lambda shape, dtype: buf[:shape[0]])  # noqa: B023
             per_row: list[float] = []
-            distinct = cpu_per_1000(lambda: per_row.append(len(next(dit).frames) / b), n)  # noqa: B023
+            loops: dict[str, Callable[[], Any]] = {
+                "feed": lambda: next(it),  # noqa: B023
+                "sample": lambda: to_tensors(store.sample(b), as_dict=False),  # noqa: B023
+                "distinct": lambda: per_row.append(len(next(dit).frames) / b)}  # noqa: B023
+            if rb is not None:
+                loops["cpprb"] = lambda: rb.sample(b)  # noqa: B023
+            per_loop: dict[str, list[float]] = {k: [] for k in loops}
+            for r in range(CPU_ROUNDS):  # (alternating: the machine's other work moves every window)
+                for k in (list(loops) if r % 2 == 0 else list(loops)[::-1]):
+                    per_loop[k].append(cpu_per_1000(loops[k], n))
+            it.close()
             dit.close()
-            peer = cpu_per_1000(lambda: rb.sample(b), n) if rb is not None else float("nan")  # noqa: B023
+            feed, samp, distinct = (statistics.median(per_loop[k]) for k in ("feed", "sample", "distinct"))
+            peer = statistics.median(per_loop["cpprb"]) if rb is not None else float("nan")
             cpu_rows.append([str(b), f"{feed:.2f}", f"{samp:.2f}", f"{distinct:.2f} ({np.mean(per_row):.2f})",
                              f"{peer:.2f}", f"{feed / peer:.2f}"])
             log(f"B={b}: ratios {ratio}; next() {np.median(wall):.0f} us wall, {np.median(cpu):.0f} us CPU; "
@@ -426,7 +435,8 @@ def main() -> None:
         " above: slower when fed, its caches refilled after each `next()` and shared with the helpers' read; below:"
         " noise). The ratio is 1 / (next() + update).",
         table(["batch", "ratio", "`next()`", "update beside the read"], split),
-        "CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop: the feed, a `sample()` loop (+"
+        f"CPU-seconds (all threads, getrusage) per 1,000 batches in a tight loop, medians of {CPU_ROUNDS} alternating"
+        " windows: the feed, a `sample()` loop (+"
         " `to_tensors`), and cpprb 11's 1-step `ReplayBuffer.sample()` with `stack_compress` (less work per row:"
         " no n-step window; numpy arrays); and the reading a GPU feed does on the host, `batches(frames=\"distinct\")`"
         " into one buffer (in brackets the distinct frames a row; the stacks hold 8):",
