@@ -51,6 +51,7 @@ from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # 
 
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
 CPU_ROUNDS = 3  # alternating tight-loop windows of each way for its CPU per batch
+LABELS = {"feed": "", "baseline": " (baseline)", "gpu": " (GPU way, host side)"}  # a table row's, after its batch
 
 
 def log(msg: str) -> None:
@@ -360,15 +361,14 @@ def main() -> None:
             for m in (("feed", "baseline") if baseline else ("feed",)) + ("gpu",):
                 wall = np.array(timers[m].wall) * 1e6
                 cpu = np.array(timers[m].cpu) * 1e6
-                label = {"feed": "", "baseline": " (baseline)", "gpu": " (GPU way, host side)"}[m]
-                gil.append([str(b) + label, f"{np.median(wall):.0f}",
+                gil.append([str(b) + LABELS[m], f"{np.median(wall):.0f}",
                             f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}", f"{np.percentile(cpu, 90):.0f}"])
             # where the feed's loss goes, window by window against the "alone" window of its round: a fed step is
             # next() plus the learner's own update, which may itself run slower beside the read (caches, memory)
-            for m, label in (("feed", ""), ("gpu", " (GPU way, host side)")):
+            for m in ("feed", "gpu"):
                 parts = [(rate / alone, inside * alone, (1 / rate - inside) * alone)
                          for (rate, inside), alone in zip(timers[m].windows, rates["alone"], strict=True)]
-                split.append([str(b) + label] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
+                split.append([str(b) + LABELS[m]] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
             wall = np.array(timers["feed"].wall) * 1e6
             cpu = np.array(timers["feed"].cpu) * 1e6
             n = max(200, 40_000 // b)

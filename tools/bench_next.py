@@ -117,10 +117,9 @@ def parts_of_next(store: mr.ReplayStore, b: int, learner: Learner, n: int) -> tu
 
 
 def after_effects(store: mr.ReplayStore, alone_store: mr.ReplayStore, b: int, learner: Learner, rounds: int,
-                  n: int) -> dict[str, list[float]]:
-    """Per round, the learner's median update (thread CPU, us) right after each kind of work."""
-    pool = atari_pool()
-    ram = pool[np.arange(50_000) % len(pool)]
+                  n: int, ram: np.ndarray) -> dict[str, list[float]]:
+    """Per round, the learner's median update (thread CPU, us) right after each kind of work (``ram``: the
+    in-RAM frames the NumPy gather reads)."""
     rng = np.random.default_rng(0)
     junk = np.zeros(4 << 20, np.uint8)
 
@@ -163,11 +162,13 @@ def main() -> None:
     sizes = args.batch or [32, 256]
     torch.set_num_threads(1)
     load0 = os.getloadavg()[0]
+    pool = atari_pool()
+    ram = pool[np.arange(50_000) % len(pool)]  # (the NumPy gather's in-RAM frames)
     tmp = tempfile.mkdtemp(prefix="bench_next_")
     try:
         path = os.path.join(tmp, "store")
         with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
-            fill(w, int(args.capacity * 1.1), atari_pool())
+            fill(w, int(args.capacity * 1.1), pool)
         settle()
         store = mr.ReplayStore.open(path, "r", seed=0)
         alone_store = mr.ReplayStore.open(path, "r", seed=0, read_threads=1)
@@ -179,7 +180,7 @@ def main() -> None:
                   flush=True)
             part_rows.append([str(b), f"{plain:.0f}", f"{wrapped:.0f}"]
                              + [f"{med.get(p, float('nan')):.1f}" for p in PARTS])
-            eff = after_effects(store, alone_store, b, learner, args.rounds, 400)
+            eff = after_effects(store, alone_store, b, learner, args.rounds, 400, ram)
             base = eff["nothing"]
             ratio = {k: statistics.median(x / a for x, a in zip(v, base, strict=True)) for k, v in eff.items()}
             print(f"B={b}: " + ", ".join(f"{k} {[round(x) for x in v]}" for k, v in eff.items()), flush=True)

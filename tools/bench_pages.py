@@ -82,27 +82,27 @@ def main() -> None:
             raw, kind, rows_alloc, fb = kernel_args[0], kernel_args[3], kernel_args[6], kernel_args[8]
             mapped = reader._ring.schema.chunk_size * fb  # (of a position's stride of rows_alloc rows)
 
+            # each raw chunk's mapped bytes in the reservation (the rest of it is not mapped)
+            spans = [(pos * rows_alloc * fb, pos * rows_alloc * fb + mapped)
+                     for pos in range(kind.size) if kind[pos] == KIND_RAW]
+
             def anon(huge: bool) -> np.ndarray:
-                """A copy of the mapped chunks' frames (the rest of the reservation is not mapped)."""
+                """A copy of the mapped chunks' frames."""
                 huge_pages(huge)
                 try:
                     copy = np.zeros_like(raw)
                 finally:
                     huge_pages(True)
-                for pos in range(kind.size):
-                    if kind[pos] == KIND_RAW:
-                        a = pos * rows_alloc * fb
-                        b = a + mapped
-                        copy[a:b] = raw[a:b]
+                for a, b in spans:
+                    copy[a:b] = raw[a:b]
                 return copy
 
             before = smaps_kib("AnonHugePages")
             ways = {"file mapping": raw, "anonymous, huge pages": anon(True)}
             huge_kib = smaps_kib("AnonHugePages") - before
             ways["anonymous, 4 KiB pages"] = anon(False)
-            for pos in range(kind.size):  # (every page of the store's chunks mapped in, to count how)
-                if kind[pos] == KIND_RAW:
-                    int(raw[pos * rows_alloc * fb:pos * rows_alloc * fb + mapped:4096].sum())
+            for a, b in spans:  # (every page of the store's chunks mapped in, to count how)
+                int(raw[a:b:4096].sum())
             store_pmd_kib = smaps_kib("FilePmdMapped")
             ways["file written whole"] = written_whole(ways["anonymous, huge pages"], os.path.join(tmp, "whole"))
             rng = np.random.default_rng(0)
