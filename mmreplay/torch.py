@@ -342,39 +342,62 @@ def _event() -> Any:
 
 
 class CudaCopier(Copier):
-    """Non-blocking copies on a side stream of ``device``; events mark their completion."""
+    """Non-blocking copies on a side stream of ``device``; events mark their completion.
+
+    The device's index is fixed when the copier is made (``"cuda"``: the current device then): PyTorch looks
+    up the current device in Python for every stream call given a device without an index, and the copier's
+    calls run on the learner's thread. The side stream is made current by ``torch.cuda.set_stream`` around
+    the copier's own calls, the stream before restored after them."""
 
     pinned = True
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
+        if device.type != "cuda":
+            raise ValueError(f"device: expected a CUDA device, got {device}")
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self.device = torch.device("cuda", self.index)
+        self.stream = torch.cuda.Stream(self.device)
+
+    def _on_side(self, fn: Any) -> Any:
+        """``fn()`` with the side stream current (what it queues goes there)."""
+        before = torch.cuda.current_stream(self.index)
+        torch.cuda.set_stream(self.stream)
+        try:
+            return fn()
+        finally:
+            torch.cuda.set_stream(before)
 
     def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        with torch.cuda.stream(self.stream):
+        def start() -> tuple[torch.Tensor, Any]:
             dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             dev.copy_(host, non_blocking=True)
             event = _event()
             event.record(self.stream)
-        return dev, event
+            return dev, event
+
+        return self._on_side(start)
 
     def build(self, fn: Any) -> tuple[Any, Any]:
-        with torch.cuda.stream(self.stream):
+        def run() -> tuple[Any, Any]:
             out = fn()
             event = _event()
             event.record(self.stream)
-        return out, event
+            return out, event
+
+        return self._on_side(run)
 
     def send(self, host: torch.Tensor, fn: Any) -> tuple[Any, Any, Any]:
-        # one stream context and one event: the build is ordered after the copy on the side stream, so its
+        # one stream switch and one event: the build is ordered after the copy on the side stream, so its
         # event also says the host bytes were read (the buffer is free a gather later, microseconds)
-        with torch.cuda.stream(self.stream):
+        def run() -> tuple[Any, Any, Any]:
             dev = torch.empty(host.shape, dtype=host.dtype, device=self.device)
             dev.copy_(host, non_blocking=True)
             out = fn(dev)
             event = _event()
             event.record(self.stream)
-        return out, event, event
+            return out, event, event
+
+        return self._on_side(run)
 
     def done(self, handle: Any) -> bool:
         return bool(handle.query())
@@ -383,7 +406,7 @@ class CudaCopier(Copier):
         handle.synchronize()  # (releases the GIL; sleeps: the events are blocking)
 
     def consume(self, handle: Any, tensors: list[torch.Tensor]) -> None:
-        stream = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.current_stream(self.index)
         stream.wait_event(handle)
         for t in tensors:  # allocated on the side stream, used on this one
             t.record_stream(stream)

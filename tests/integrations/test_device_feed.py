@@ -8,7 +8,6 @@ stream and events with copies whose completion comes late. CUDA tests skip witho
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import threading
 import time
@@ -312,9 +311,12 @@ def test_a_take_asks_about_and_waits_for_the_oldest_copy(mt):
 
 def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
     """Every event ``CudaCopier`` records, the ones its ring may wait on included, is created blocking: CUDA
-    busy-waits a CPU core in ``synchronize`` on any other event. (CUDA is stood in for: the copies go to the
-    meta device, the stream and events are recorders.)"""
-    made = []
+    busy-waits a CPU core in ``synchronize`` on any other event. Its work is queued on its side stream, and
+    the stream that was current before is current again after, also when that work fails. The device's index
+    is fixed when it is made, and every stream lookup names it (PyTorch looks the current device up again
+    for a device without one). (CUDA is stood in for: the copies go to the meta device, the streams and
+    events are recorders.)"""
+    made, lookups, current = [], [], ["learner's stream"]
 
     class Event:
         def __init__(self, **flags):
@@ -325,16 +327,32 @@ def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
         def record(self, stream):
             self.recorded = stream
 
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("stream", device))
-    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    def current_stream(device=None):
+        lookups.append(device)
+        return current[0]
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("side stream", device))
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
     monkeypatch.setattr(torch.cuda, "Event", Event)
-    copier = mt.CudaCopier(torch.device("meta"))
+    copier = mt.CudaCopier(torch.device("cuda"))
+    assert copier.device == torch.device("cuda", 3) and copier.stream == ("side stream", copier.device)
+    copier.device = torch.device("meta")
     host = torch.zeros(64, dtype=torch.uint8)
+    seen = []
     copier.copy(host)
-    copier.build(lambda: None)
-    copier.send(host, lambda dev: dev[:8])
+    copier.build(lambda: seen.append(current[0]))
+    copier.send(host, lambda dev: seen.append(current[0]))
+    assert seen == [copier.stream] * 2 and current == ["learner's stream"]
+    with pytest.raises(RuntimeError, match="a failed gather"):
+        copier.send(host, lambda dev: (_ for _ in ()).throw(RuntimeError("a failed gather")))
+    assert current == ["learner's stream"]
     assert len(made) == 3
     assert all(e.flags.get("blocking") is True and e.recorded == copier.stream for e in made)
+    assert lookups and all(d == 3 and type(d) is int for d in lookups)
+    with pytest.raises(ValueError, match="expected a CUDA device, got cpu"):
+        mt.CudaCopier(torch.device("cpu"))
 
 
 def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari_store):
