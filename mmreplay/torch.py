@@ -615,7 +615,7 @@ class DeviceBatches(Iterator[Any]):
             array[head:head + n] = batch.obs_index.reshape(-1).view(np.uint8)
             if not self.sequences:
                 array[head + n:head + 2 * n] = batch.next_index.reshape(-1).view(np.uint8)
-        for (_, a), (_, off, n, _, _) in zip(cols, lay.cols, strict=True):
+        for (_, a), (_, off, n, _, _, _) in zip(cols, lay.cols, strict=True):
             array[head + off:head + off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         assert slot.host is not None
         (values, keep), copied, ready = self.copier.send(slot.host[:head + lay.size],
@@ -647,7 +647,7 @@ class _Layout:
     """A feed batch's packed layout, offsets from the end of its distinct frames (``head``, 64-byte aligned;
     0 for host-built stacks, which come first instead): [stacks' positions (or the stacks)] [columns], each
     part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied buffer.
-    ``cols``: each column's (name, offset, bytes, torch dtype, shape; None for 1-D)."""
+    ``cols``: each column's (name, byte offset, bytes, torch dtype, item size, shape; None for 1-D)."""
 
     def __init__(self, host_stacks: bool, sequences: bool, frames: np.ndarray, index: np.ndarray,
                  cols: list[tuple[str, np.ndarray]]) -> None:
@@ -667,30 +667,47 @@ class _Layout:
                 end = _align(end + nbytes)
         else:
             end = _align(len(self.names) * index.nbytes)
-        self.positions = len(self.names) * index.nbytes
-        self.cols: list[tuple[str, int, int, torch.dtype, tuple[int, ...] | None]] = []
+        self.positions = index.size * len(self.names)  # (in the index's items)
+        self.index_itemsize = index.dtype.itemsize
+        # each column: (name, byte offset, bytes, torch dtype, item size, shape or None for 1-D: no reshape)
+        self.cols: list[tuple[str, int, int, torch.dtype, int, tuple[int, ...] | None]] = []
         for name, a in cols:
-            # (a 1-D column needs no reshape: each view is a dispatch on the feeding thread, holding the GIL)
-            self.cols.append((name, end, a.nbytes, _torch_dtype(a.dtype), tuple(a.shape) if a.ndim != 1 else None))
+            self.cols.append((name, end, a.nbytes, _torch_dtype(a.dtype), a.dtype.itemsize,
+                              tuple(a.shape) if a.ndim != 1 else None))
             end = _align(end + a.nbytes)
         self.size = end
 
     def unpack(self, dev: torch.Tensor, head: int, nframes: int
                ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
         """The batch's device tensors (views of ``dev``, but the stacks, one gather from the frames) and the
-        tensors whose memory they use (for the consumer's stream to keep alive)."""
+        tensors whose memory they use (for the consumer's stream to keep alive).
+
+        Every view is a dispatch on the feeding thread (the learner's, holding the GIL), so ``dev`` is viewed
+        once per dtype and each column is a slice of that view: every part starts 64-byte aligned and
+        ``dev`` is a whole number of 64 bytes, so each part is a whole number of items of its dtype."""
+        typed: dict[torch.dtype, torch.Tensor] = {torch.uint8: dev}
         values: dict[str, torch.Tensor] = {}
-        for name, off, n, dtype, shape in self.cols:
-            col = dev[head + off:head + off + n].view(dtype)
+        for name, off, n, dtype, size, shape in self.cols:
+            t = typed.get(dtype)
+            if t is None:
+                t = typed[dtype] = dev.view(dtype)
+            start = (head + off) // size
+            col = t[start:start + n // size]
             values[name] = col if shape is None else col.view(shape)
         if self.host_stacks:
             shape = self.index_shape + self.fshape
             for name, (off, n) in zip(self.names, self.stacks, strict=True):
                 values[name] = dev[off:off + n].view(self.fdtype).view(shape)
             return values, [dev]
-        frames = dev[:nframes * self.frame_bytes].view(self.fdtype)
+        frames = dev[:nframes * self.frame_bytes]
+        if self.fdtype != torch.uint8:
+            frames = frames.view(self.fdtype)
         frames = frames.view((nframes,) + self.fshape)
-        index = dev[head:head + self.positions].view(self.index_dtype)
+        t = typed.get(self.index_dtype)
+        if t is None:
+            t = dev.view(self.index_dtype)
+        start = head // self.index_itemsize
+        index = t[start:start + self.positions]
         stacks = torch.index_select(frames, 0, index).view((len(self.names),) + self.index_shape + self.fshape)
         for name, stack in zip(self.names, stacks.unbind(0), strict=True):
             values[name] = stack
