@@ -212,7 +212,8 @@ def beside_a_copy(learner: Learner, rounds: int, seconds: float) -> tuple[float,
     B=256 batch a step does to the memory the learner's core shares), alternating; medians."""
     import subprocess
 
-    alone, beside = [], []
+    alone: list[float] = []
+    beside: list[float] = []
     for r in range(rounds):
         for with_copy in ((False, True) if r % 2 == 0 else (True, False)):
             child = subprocess.Popen([sys.executable, "-c", COPY_LOOP, str(seconds + 0.5)]) if with_copy else None
@@ -249,7 +250,9 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
                 def step() -> None:
                     learner.update(to_tensors(next(it), as_dict=False))  # noqa: B023 (used within the window)
             else:
-                it = (device_batches if m == "feed" else baseline)(store, b, "cpu", prefetch=2)  # type: ignore[operator]
+                make = device_batches if m == "feed" else baseline
+                assert make is not None
+                it = make(store, b, "cpu", prefetch=2)
                 timer = timers[m]
 
                 def step() -> None:

@@ -100,6 +100,13 @@ class OnDevice:
                            weight=torch.ones(b, device=dev))
 
 
+def tensors(batch: Any, device: torch.device) -> TensorBatch:
+    """A store ``Batch`` as a ``TensorBatch`` on ``device``."""
+    t = to_tensors(batch, as_dict=False)
+    assert isinstance(t, TensorBatch)
+    return t.to(device)
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -122,7 +129,7 @@ def window(step: Callable[[], Any], seconds: float, device: torch.device) -> flo
 def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.device, rounds: int,
               seconds: float) -> tuple[dict[str, list[float]], list[float]]:
     learner = Learner(device)
-    fixed = to_tensors(store.sample(b), as_dict=False).to(device)  # type: ignore[union-attr]
+    fixed = tensors(store.sample(b), device)
     on_device = OnDevice(pool, b, device)
     out: dict[str, list[float]] = {w: [] for w in WAYS}
     next_cpu: list[float] = []  # the learner thread's CPU seconds per next() of the feed, per round
@@ -137,12 +144,12 @@ def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.dev
                     learner.update(on_device.next())
             elif way == "sample":
                 def step() -> None:
-                    learner.update(to_tensors(store.sample(b), as_dict=False).to(device))  # type: ignore[union-attr]
+                    learner.update(tensors(store.sample(b), device))
             elif way == "batches2":
                 it = store.batches(b, prefetch=2)
 
                 def step() -> None:
-                    learner.update(to_tensors(next(it), as_dict=False).to(device))  # type: ignore[union-attr]  # noqa: B023
+                    learner.update(tensors(next(it), device))  # noqa: B023
             elif way == "feed":
                 it = device_batches(store, b, device, prefetch=2)
                 spent = [0.0, 0]

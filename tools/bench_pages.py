@@ -53,7 +53,7 @@ def written_whole(copy: np.ndarray, path: str) -> np.ndarray:
     step = 64 << 20
     with open(path, "wb") as f:
         for at in range(0, copy.size, step):
-            f.write(memoryview(copy[at:at + step]))
+            f.write(copy[at:at + step].data)
     return np.memmap(path, np.uint8, "r", shape=copy.shape)
 
 
@@ -80,6 +80,7 @@ def main() -> None:
             reader, index = st._reader, st._index
             kernel_args = list(reader._kernel_args())
             raw, kind, rows_alloc, fb = kernel_args[0], kernel_args[3], kernel_args[6], kernel_args[8]
+            assert reader._ring is not None and raw is not None and kind is not None
             mapped = reader._ring.schema.chunk_size * fb  # (of a position's stride of rows_alloc rows)
 
             # each raw chunk's mapped bytes in the reservation (the rest of it is not mapped)
@@ -109,10 +110,12 @@ def main() -> None:
             for b in sizes:
                 plans = [index.plan(index.draw_uniform(rng, index.oldest_id, index.next_id - 10, b)[1])
                          for _ in range(64)]
+                pairs = [p.stacks for p in plans if p.stacks is not None]  # (2, b, k): obs and next stacks' slots
+                assert len(pairs) == len(plans)
                 out = np.empty((2, b, 4, 84, 84), np.uint8).reshape(-1).view(np.uint8)
                 for frames in ways.values():  # (warm: every copy's pages touched by these batches)
-                    for p in plans:
-                        lz4.gather_pairs(p.stacks[0], p.stacks[1], 0, b, out, frames, *kernel_args[1:])
+                    for pair in pairs:
+                        lz4.gather_pairs(pair[0], pair[1], 0, b, out, frames, *kernel_args[1:])
                 pmd_kib = smaps_kib("FilePmdMapped") - store_pmd_kib  # (the whole file's pages read so far)
                 times: dict[str, list[float]] = {k: [] for k in ways}
                 for r in range(args.rounds):
@@ -121,8 +124,8 @@ def main() -> None:
                         n, c0 = 0, time.thread_time()
                         end = time.perf_counter() + args.seconds
                         while time.perf_counter() < end:
-                            p = plans[n % len(plans)]
-                            lz4.gather_pairs(p.stacks[0], p.stacks[1], 0, b, out, frames, *kernel_args[1:])
+                            pair = pairs[n % len(pairs)]
+                            lz4.gather_pairs(pair[0], pair[1], 0, b, out, frames, *kernel_args[1:])
                             n += 1
                         times[name].append(1e6 * (time.thread_time() - c0) / n)
                 base = statistics.median(times["file mapping"])
