@@ -348,7 +348,7 @@ class CudaCopier(Copier):
     The device's index is fixed when the copier is made (``"cuda"``: the current device then): PyTorch looks
     up the current device in Python for every stream call given a device without an index, and the copier's
     calls run on the learner's thread. The side stream is made current by ``torch.cuda.set_stream`` around
-    the copier's own calls, the stream before restored after them."""
+    the copier's own calls; the stream and the current device before are restored after them."""
 
     pinned = True
 
@@ -360,13 +360,17 @@ class CudaCopier(Copier):
         self.stream = torch.cuda.Stream(self.device)
 
     def _on_side(self, fn: Any) -> Any:
-        """``fn()`` with the side stream current (what it queues goes there)."""
+        """``fn()`` with the side stream current (what it queues goes there); after it, the device's stream
+        and the current device as they were (``set_stream`` also makes the stream's device current)."""
+        device = torch.cuda.current_device()
         before = torch.cuda.current_stream(self.index)
         torch.cuda.set_stream(self.stream)
         try:
             return fn()
         finally:
             torch.cuda.set_stream(before)
+            if device != self.index:
+                torch.cuda.set_device(device)
 
     def copy(self, host: torch.Tensor) -> tuple[torch.Tensor, Any]:
         def start() -> tuple[torch.Tensor, Any]:

@@ -312,11 +312,12 @@ def test_a_take_asks_about_and_waits_for_the_oldest_copy(mt):
 def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
     """Every event ``CudaCopier`` records, the ones its ring may wait on included, is created blocking: CUDA
     busy-waits a CPU core in ``synchronize`` on any other event. Its work is queued on its side stream, and
-    the stream that was current before is current again after, also when that work fails. The device's index
-    is fixed when it is made, and every stream lookup names it (PyTorch looks the current device up again
-    for a device without one). (CUDA is stood in for: the copies go to the meta device, the streams and
-    events are recorders.)"""
-    made, lookups, current = [], [], ["learner's stream"]
+    the stream and the current device as they were before are current again after (``set_stream`` also
+    makes its stream's device current), also when that work fails. The device's index is fixed when it is
+    made, and every stream lookup names it (PyTorch looks the current device up again for a device without
+    one). (CUDA is stood in for: the copies go to the meta device, the streams and events are recorders.)"""
+    made, lookups = [], []
+    state = {"device": 3, 3: "learner's stream", 0: "device 0's stream"}
 
     class Event:
         def __init__(self, **flags):
@@ -329,12 +330,18 @@ def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
 
     def current_stream(device=None):
         lookups.append(device)
-        return current[0]
+        return state[device]
 
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    def set_stream(stream):  # as PyTorch's: the stream's device becomes the current one
+        index = stream[1].index if isinstance(stream, tuple) else (3 if stream == "learner's stream" else 0)
+        state["device"] = index
+        state[index] = stream
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["device"])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: state.__setitem__("device", index))
     monkeypatch.setattr(torch.cuda, "Stream", lambda device: ("side stream", device))
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
-    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
+    monkeypatch.setattr(torch.cuda, "set_stream", set_stream)
     monkeypatch.setattr(torch.cuda, "Event", Event)
     copier = mt.CudaCopier(torch.device("cuda"))
     assert copier.device == torch.device("cuda", 3) and copier.stream == ("side stream", copier.device)
@@ -342,13 +349,16 @@ def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
     host = torch.zeros(64, dtype=torch.uint8)
     seen = []
     copier.copy(host)
-    copier.build(lambda: seen.append(current[0]))
-    copier.send(host, lambda dev: seen.append(current[0]))
-    assert seen == [copier.stream] * 2 and current == ["learner's stream"]
+    copier.build(lambda: seen.append(state[3]))
+    copier.send(host, lambda dev: seen.append(state[3]))
+    assert seen == [copier.stream] * 2 and state[3] == "learner's stream" and state["device"] == 3
     with pytest.raises(RuntimeError, match="a failed gather"):
         copier.send(host, lambda dev: (_ for _ in ()).throw(RuntimeError("a failed gather")))
-    assert current == ["learner's stream"]
-    assert len(made) == 3
+    assert state[3] == "learner's stream" and state["device"] == 3
+    state["device"] = 0  # the learner works on another device: it stays current, with its stream
+    copier.send(host, lambda dev: seen.append((state[3], state["device"])))
+    assert seen[-1] == (copier.stream, 3) and state == {"device": 0, 3: "learner's stream", 0: "device 0's stream"}
+    assert len(made) == 4
     assert all(e.flags.get("blocking") is True and e.recorded == copier.stream for e in made)
     assert lookups and all(d == 3 and type(d) is int for d in lookups)
     with pytest.raises(ValueError, match="expected a CUDA device, got cpu"):
