@@ -733,8 +733,9 @@ def device_batches(store: ReplayStore, batch_size: int, device: Any = None, pref
                    beta: float | None = None, host_stacks: bool | None = None, pin_memory: bool | None = None,
                    sequence_length: int | None = None, strict: bool = False) -> DeviceBatches:
     """An endless iterator of ``TensorBatch``es already on ``device`` (default: CUDA when available, else
-    the CPU), with the draws of ``store.batches(batch_size, prefetch)``: without priority updates the
-    batches of repeated ``store.sample(batch_size)``, bit for bit; commits and resumes as ``batches()``.
+    the CPU; ``"cuda"`` without an index is the current CUDA device when the iterator is made), with the
+    draws of ``store.batches(batch_size, prefetch)``: without priority updates the batches of repeated
+    ``store.sample(batch_size)``, bit for bit; commits and resumes as ``batches()``.
 
     On a CUDA device each batch's distinct frames are decoded into page-locked host memory (by the reader's
     helper threads while the learner steps, or the store's prefetch thread), copied with the batch's small
