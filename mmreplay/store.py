@@ -55,6 +55,7 @@ from .reading.batch import (
     assemble_frames,
     planned_batch,
     post_frames,
+    stacks_shape,
 )
 from .reading.prefetch import BatchIterator, DrawnBatch
 from .reading.reader import FrameReader, PostedStacks
@@ -503,6 +504,8 @@ class ReplayStore:
         ``frames="distinct"`` hands out ``FrameBatch``es instead: each distinct frame of a batch's two
         stacks read once, into ``frame_buffer(shape, dtype)``'s array when given (e.g. pinned memory), and
         the stacks as positions into them (``frames[obs_index]`` is ``sample()``'s ``obs``, bit for bit).
+        With the default ``frames="stacks"``, ``frame_buffer((2, B, k, *frame), dtype)``'s array, when
+        given, is what both stacks are read into: ``obs`` and ``next_obs`` are its two halves.
         ``transform(batch)`` runs in the thread that assembled the batch (the prefetch thread when the
         caller is away) and its result is handed out instead (``mmreplay.torch.device_batches`` starts
         its copy to the GPU there).
@@ -517,6 +520,9 @@ class ReplayStore:
         if distinct:
             assemble = functools.partial(self._assemble_frame_draw, frame_buffer=frame_buffer)
             post = functools.partial(self._post_frame_draw, frame_buffer=frame_buffer)
+        elif frame_buffer is not None:
+            assemble = functools.partial(self._assemble_draw, frame_buffer=frame_buffer)
+            post = functools.partial(self._post_draw, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._draw_state.iterator(lambda: self._draw(b, True, beta, plan_now=True), assemble,
@@ -616,15 +622,17 @@ class ReplayStore:
         return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan_now)
 
     @fault_checked
-    def _assemble_draw(self, d: DrawnBatch, posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
+    def _assemble_draw(self, d: DrawnBatch, posted: PostedStacks | None = None, then: Callable[[], None] | None = None,
+                       frame_buffer: FrameBuffer | None = None) -> Batch:
         """Copy a drawn batch's data (in the prefetch thread, or the caller's: ``posted``, its frames being
         read by the reader's helper, ``then`` run once they are). Its plan was made when it was drawn, so
         nothing here reads the index the writer keeps changing; the rows it reads are written once and
-        stay mapped while a copy is in flight (the log drains iterators before unmapping)."""
+        stay mapped while a copy is in flight (the log drains iterators before unmapping). A read made
+        here goes into ``frame_buffer``'s array when given (a posted one already does)."""
         if not isinstance(d.plan, Plan):
             raise RuntimeError("a prefetched draw has no plan")  # DrawState.draw(plan_now=True) always makes one
         return assemble(d.plan, self._ring.arrays, d.ids.copy(), self._discounts, self._extra_names,
-                        self._reader, d.weight, posted, then)
+                        self._reader, d.weight, posted, then, frame_buffer)
 
     @fault_checked
     def _assemble_frame_draw(self, d: DrawnBatch, posted: PostedFrames | None = None,
@@ -643,12 +651,18 @@ class ReplayStore:
             return None
         return post_frames(d.plan, self._reader, frame_buffer)
 
-    def _post_draw(self, d: DrawnBatch) -> PostedStacks | None:
+    def _post_draw(self, d: DrawnBatch, frame_buffer: FrameBuffer | None = None) -> PostedStacks | None:
         """Start reading a drawn batch's frames in the reader's helper thread (None: not now, see
-        ``FrameReader.post_stacks``)."""
+        ``FrameReader.post_stacks``), into ``frame_buffer``'s array when given (taken only if the read is
+        posted)."""
         if not isinstance(d.plan, Plan):
             return None
-        return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots)
+        if frame_buffer is None:
+            return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots)
+        if not self._reader.may_post():
+            return None
+        return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots,
+                                        frame_buffer(stacks_shape(d.plan, self._reader), self._reader.frames.dtype))
 
     @_serialized
     def sample_sequences(self, batch_size: int, length: int, strict: bool = False,
@@ -686,7 +700,7 @@ class ReplayStore:
         p = _inputs.prefetch_arg(prefetch)
         assemble: Callable[..., Any] = self._assemble_sequence_draw
         post: Callable[[DrawnBatch], Any] = functools.partial(self._post_sequence_draw, distinct=False)
-        if _frames_arg(frames, frame_buffer, transform):
+        if _frames_arg(frames, frame_buffer, transform, stacks_buffer=False):
             assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
             post = functools.partial(self._post_sequence_draw, distinct=True, frame_buffer=frame_buffer)
         if transform is not None:
@@ -1097,12 +1111,13 @@ def _after_fork_in_parent() -> None:
     _HELD_AT_FORK.clear()
 
 
-def _frames_arg(frames: Any, frame_buffer: Any, transform: Any) -> bool:
-    """``batches(frames=...)``: True for "distinct"; checks ``frame_buffer`` and ``transform``."""
+def _frames_arg(frames: Any, frame_buffer: Any, transform: Any, stacks_buffer: bool = True) -> bool:
+    """``batches(frames=...)``: True for "distinct"; checks ``frame_buffer`` and ``transform`` (callables; a
+    ``frame_buffer`` for stacks only where ``stacks_buffer``: ``batches()``, not ``sequence_batches()``)."""
     if frames not in ("stacks", "distinct"):
         raise ValueError(f"frames: expected 'stacks' or 'distinct', got {frames!r}")
-    if frame_buffer is not None and frames != "distinct":
-        raise ValueError("frame_buffer is for frames='distinct': pass both")
+    if frame_buffer is not None and frames != "distinct" and not stacks_buffer:
+        raise ValueError("frame_buffer is for frames='distinct' here: pass both")
     for name, fn in (("frame_buffer", frame_buffer), ("transform", transform)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {fn!r}")

@@ -417,6 +417,12 @@ class CudaCopier(Copier):
             t.record_stream(stream)
 
 
+class _Lent(np.ndarray):
+    """A ring buffer's array lent to a batch. Views of it (a batch's two stacks) keep it alive, where views
+    of a plain array would keep only the ring's array alive (numpy makes a view's base the first array up
+    the chain of another type), so it dies, and a weak reference gives its buffer back, only with its batch."""
+
+
 class _Slot:
     __slots__ = ("host", "array", "copied", "busy", "given")
 
@@ -526,13 +532,16 @@ class DeviceBatches(Iterator[Any]):
                               " pinned", stacklevel=3)
         self.ring = HostRing(copier, int(prefetch) + 3) if copier is not None else None
         self._layouts: dict[Any, _Layout] = {}
-        # frame buffers lent to batches being read or assembled, by the id of the array lent: (its slot, a weak
-        # reference whose callback gives the slot back if the array dies unsent, its batch having failed; once
-        # the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
+        # frame buffers lent to batches being read or assembled, by the address of the array lent: (its slot, a
+        # weak reference whose callback gives the slot back if the array dies unsent, its batch having failed;
+        # once the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
         self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
-        frame_buffer = self._frame_buffer if self.ring is not None and not host_stacks else None
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
-        frames = "stacks" if plain else "distinct"
+        # host stacks of transitions for a device: read by the reader straight into the ring buffers (sequences'
+        # host stacks are built from their distinct frames when sent)
+        self._in_place = host_stacks and self.ring is not None and not self.sequences
+        frame_buffer = self._frame_buffer if self.ring is not None and (not host_stacks or self._in_place) else None
+        frames = "stacks" if plain or self._in_place else "distinct"
         transform = None if plain else self._transform
         if self.sequences:
             self._it: Any = store.sequence_batches(batch_size, sequence_length, prefetch=prefetch,  # type: ignore[arg-type]
@@ -544,13 +553,14 @@ class DeviceBatches(Iterator[Any]):
 
     # the assembling thread ------------------------------------------------------------------------------
     def _frame_buffer(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        """A ring buffer for a batch's distinct frames (read into it by the helper threads while the batch
-        waits its turn, or by the thread assembling it); ``_transform`` sends the batch out of it."""
+        """A ring buffer for a batch's distinct frames, or its two stacks (read into it by the helper threads
+        while the batch waits its turn, or by the thread assembling it); ``_transform`` sends the batch out of
+        it."""
         assert self.ring is not None
         slot = self.ring.take()
         nbytes = math.prod(shape) * dtype.itemsize  # (math.prod: np.prod of a tuple takes microseconds)
-        array = self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape)
-        key, lent_out = id(array), self._lent
+        array = self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape).view(_Lent)
+        key, lent_out = array.ctypes.data, self._lent
 
         def dropped(_: Any) -> None:  # (the array died before its batch was sent: give its buffer back)
             if lent_out.pop(key, None) is not None:
@@ -563,10 +573,12 @@ class DeviceBatches(Iterator[Any]):
         if self.ring is None:
             return self._on_cpu(batch)
         frames = getattr(batch, "frames", None)
-        held = self._lent.pop(id(frames), None) if frames is not None else None
+        in_place = self._in_place and type(batch) is Batch
+        lent = batch.obs if in_place else frames  # (the first of its two stacks starts the lent array)
+        held = self._lent.pop(lent.ctypes.data, None) if lent is not None else None
         slot = held[0] if held is not None else self.ring.take()
         try:
-            return self._send(batch, slot)
+            return self._send(batch, slot, in_place and held is not None)
         except BaseException:
             self.ring.give(slot, None)
             raise
@@ -597,24 +609,35 @@ class DeviceBatches(Iterator[Any]):
         extras = {k[2:]: values.pop(k) for k in [k for k in values if k.startswith("x_")]}
         return (TensorSequenceBatch if self.sequences else TensorBatch)(**values, extras=extras)
 
-    def _send(self, batch: Any, slot: _Slot) -> Any:
-        """Pack ``batch`` behind its frames in ``slot``, copy it to the device, gather the stacks there."""
+    def _send(self, batch: Any, slot: _Slot, in_place: bool = False) -> Any:
+        """Pack ``batch`` in ``slot`` behind its distinct frames, or behind its stacks (host stacks:
+        ``in_place``, read there already), copy it to the device, gather the stacks there (distinct)."""
         assert self.ring is not None and self.copier is not None
         cols = _columns(batch, _FEED_SEQUENCE if self.sequences else _FEED_BATCH)
-        fr = batch.frames
+        if type(batch) is Batch:  # host stacks of transitions: obs and next_obs
+            fr, fshape, ishape = batch.obs, batch.obs.shape[2:], batch.obs.shape[:2]
+            index_dtype = None
+        else:
+            fr, fshape, ishape = batch.frames, batch.frames.shape[1:], batch.obs_index.shape
+            index_dtype = batch.obs_index.dtype
         # a feed's batches share a layout but for the number of distinct frames, which only moves its start
-        key = (fr.shape[1:], fr.dtype, batch.obs_index.shape, tuple((name, a.dtype, a.shape) for name, a in cols))
+        key = (fshape, fr.dtype, ishape, tuple((name, a.dtype, a.shape) for name, a in cols))
         lay = self._layouts.get(key)
         if lay is None:
             if len(self._layouts) >= 64:  # (sequences: shapes vary with the draw)
                 self._layouts.clear()
-            lay = self._layouts[key] = _Layout(self.host_stacks, self.sequences, fr, batch.obs_index, cols)
+            lay = self._layouts[key] = _Layout(self.host_stacks, self.sequences, fshape, fr.dtype, ishape,
+                                               index_dtype, cols)
         head = 0 if self.host_stacks else _align(fr.nbytes)
-        array = self.ring.reserve(slot, head + lay.size, keep=head)
-        if self.host_stacks:  # stacks built here from the distinct frames, into the buffer (np.take: one pass)
+        array = self.ring.reserve(slot, head + lay.size, keep=lay.stack_bytes if in_place else head)
+        if self.host_stacks and type(batch) is Batch:
+            if not in_place:  # (read elsewhere: copied in)
+                for (off, n), a in zip(lay.stacks, (batch.obs, batch.next_obs), strict=True):
+                    array[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        elif self.host_stacks:  # sequences' stacks built here from their distinct frames (np.take: one pass)
             stacks = (batch.obs_index,) if self.sequences else (batch.obs_index, batch.next_index)
             for (off, n), index in zip(lay.stacks, stacks, strict=True):
-                np.take(fr, index, axis=0, out=array[off:off + n].view(fr.dtype).reshape(index.shape + fr.shape[1:]))
+                np.take(fr, index, axis=0, out=array[off:off + n].view(fr.dtype).reshape(index.shape + fshape))
         else:  # the frames are already at the buffer's start (frame_buffer); both stacks' positions, adjacent
             n = batch.obs_index.nbytes
             array[head:head + n] = batch.obs_index.reshape(-1).view(np.uint8)
@@ -624,8 +647,9 @@ class DeviceBatches(Iterator[Any]):
         for (_, a), (_, off, n, _, _, _) in zip(cols, lay.cols, strict=True):
             packed[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         assert slot.host is not None
+        nframes = 0 if self.host_stacks else fr.shape[0]
         (values, keep), copied, ready = self.copier.send(slot.host[:head + lay.size],
-                                                         lambda dev: lay.unpack(dev, head, fr.shape[0]))
+                                                         lambda dev: lay.unpack(dev, head, nframes))
         self.ring.give(slot, copied)
         return _Sent(self._wrap(values), ready, keep)
 
@@ -651,30 +675,31 @@ class DeviceBatches(Iterator[Any]):
 
 class _Layout:
     """A feed batch's packed layout, offsets from the end of its distinct frames (``head``, 64-byte aligned;
-    0 for host-built stacks, which come first instead): [stacks' positions (or the stacks)] [columns], each
-    part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied buffer.
-    ``cols``: each column's (name, byte offset, bytes, torch dtype, item size, shape; None for 1-D)."""
+    0 for host stacks, which come first instead, one after the other): [stacks' positions (or the stacks)]
+    [columns], each part 64-byte aligned. ``unpack(dev, head, nframes)`` makes the device tensors of a copied
+    buffer. ``cols``: each column's (name, byte offset, bytes, torch dtype, item size, shape; None for 1-D)."""
 
-    def __init__(self, host_stacks: bool, sequences: bool, frames: np.ndarray, index: np.ndarray,
-                 cols: list[tuple[str, np.ndarray]]) -> None:
+    def __init__(self, host_stacks: bool, sequences: bool, frame_shape: tuple[int, ...], frame_dtype: np.dtype,
+                 index_shape: tuple[int, ...], index_dtype: np.dtype | None, cols: list[tuple[str, np.ndarray]]) -> None:
         self.host_stacks = host_stacks
         self.names = ("obs",) if sequences else ("obs", "next_obs")
-        self.fshape = tuple(frames.shape[1:])
-        self.fdtype = _torch_dtype(frames.dtype)
-        self.frame_bytes = int(np.prod(self.fshape)) * frames.dtype.itemsize
-        self.index_shape = tuple(index.shape)
-        self.index_dtype = _torch_dtype(index.dtype)
-        self.stacks: list[tuple[int, int]] = []  # host stacks: (offset, bytes) of obs (and next_obs)
-        end = 0
+        self.fshape = tuple(frame_shape)
+        self.fdtype = _torch_dtype(frame_dtype)
+        self.frame_bytes = math.prod(self.fshape) * frame_dtype.itemsize
+        self.index_shape = tuple(index_shape)
+        self.stacks: list[tuple[int, int]] = []  # host stacks: (offset, bytes) of obs (and next_obs), adjacent
+        self.stack_bytes = 0
         if host_stacks:
-            nbytes = int(np.prod(self.index_shape + self.fshape)) * frames.dtype.itemsize
-            for _ in self.names:
-                self.stacks.append((end, nbytes))
-                end = _align(end + nbytes)
+            nbytes = math.prod(self.index_shape) * self.frame_bytes
+            self.stacks = [(i * nbytes, nbytes) for i in range(len(self.names))]
+            self.stack_bytes = len(self.names) * nbytes
+            end = _align(self.stack_bytes)
         else:
-            end = _align(len(self.names) * index.nbytes)
-        self.positions = index.size * len(self.names)  # (in the index's items)
-        self.index_itemsize = index.dtype.itemsize
+            assert index_dtype is not None
+            self.index_dtype = _torch_dtype(index_dtype)
+            self.index_itemsize = index_dtype.itemsize
+            self.positions = math.prod(self.index_shape) * len(self.names)  # (in the index's items)
+            end = _align(self.positions * self.index_itemsize)
         # each column: (name, byte offset, bytes, torch dtype, item size, shape or None for 1-D: no reshape)
         self.cols: list[tuple[str, int, int, torch.dtype, int, tuple[int, ...] | None]] = []
         for name, a in cols:
@@ -700,10 +725,13 @@ class _Layout:
             start = (head + off) // size
             col = t[start:start + n // size]
             values[name] = col if shape is None else col.view(shape)
-        if self.host_stacks:
-            shape = self.index_shape + self.fshape
-            for name, (off, n) in zip(self.names, self.stacks, strict=True):
-                values[name] = dev[off:off + n].view(self.fdtype).view(shape)
+        if self.host_stacks:  # (adjacent: one view of both)
+            stacks = dev[:self.stack_bytes]
+            if self.fdtype != torch.uint8:
+                stacks = stacks.view(self.fdtype)
+            stacks = stacks.view((len(self.names),) + self.index_shape + self.fshape)
+            for name, stack in zip(self.names, stacks.unbind(0), strict=True):
+                values[name] = stack
             return values, [dev]
         frames = dev[:nframes * self.frame_bytes]
         if self.fdtype != torch.uint8:

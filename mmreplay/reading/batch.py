@@ -68,16 +68,24 @@ def _extras(arrays: dict[str, np.ndarray], slots: np.ndarray, extra_names: tuple
     return {name: arrays["x_" + name][slots] for name in extra_names} if extra_names else {}
 
 
+def stacks_shape(plan: Plan, reader: FrameReader) -> tuple[int, ...]:
+    """The shape of a planned batch's two stacks in one array: ``(2, B, k, *frame)``."""
+    return (2,) + plan.obs_slots.shape + reader.frames.shape[1:]
+
+
 def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
              extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
-             posted: PostedStacks | None = None, then: Callable[[], None] | None = None) -> Batch:
+             posted: PostedStacks | None = None, then: Callable[[], None] | None = None,
+             frame_buffer: FrameBuffer | None = None) -> Batch:
     """Copy a planned batch out of the ring arrays (the only place frames are read for sampling).
 
     ``ids`` is used as the batch's ``index`` without a copy: pass an array the caller owns. ``posted``:
     its frames, already being read (``FrameReader.post_stacks``); ``then`` runs once the frames are read.
+    Frames read here go into ``frame_buffer(stacks_shape(...), dtype)``'s array when given.
     """
     if posted is None:
-        obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots)
+        out = None if frame_buffer is None else frame_buffer(stacks_shape(plan, reader), reader.frames.dtype)
+        obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots, out)
     else:
         obs, next_obs = reader.join_stacks(posted)
     if then is not None:

@@ -133,11 +133,19 @@ class FrameReader:
         if self._crew is not None:
             self._crew.limit(self._cpus - 1)
 
-    def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays."""
+    def stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray, out: np.ndarray | None = None
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays:
+        the halves of a recycled ``(2, B, k, *frame)`` buffer, or of ``out`` (the caller's C-contiguous array
+        of that shape and the frames' dtype, e.g. pinned host memory), read straight into."""
         frames = self.frames
         b, k = obs_slots.shape
-        both = self._pool.get((2, b, k) + frames.shape[1:], frames.dtype)
+        shape = (2, b, k) + frames.shape[1:]
+        if out is None:
+            both = self._pool.get(shape, frames.dtype)
+        else:
+            self._check_out(out, shape)
+            both = out
         ahead = self._ahead()
         self._stacks_into(both, obs_slots, next_slots, ahead, self._way(b, both.nbytes, ahead))
         return both[0], both[1]  # C-contiguous views of one buffer
@@ -275,15 +283,23 @@ class FrameReader:
         return not (self._native is None or self._ring is None or self._crew is None or self.read_ahead is True
                     or self._cpus <= 1 or self._cold_batches > 0 or not self._gate.open())
 
-    def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray) -> PostedStacks | None:
+    def post_stacks(self, obs_slots: np.ndarray, next_slots: np.ndarray, out: np.ndarray | None = None
+                    ) -> PostedStacks | None:
         """Start reading ``stacks(obs_slots, next_slots)`` in the helper threads and return at once;
         ``join_stacks`` gives the two arrays. None when the read had better be made by ``stacks`` when needed
-        (``may_post``)."""
-        if not self.may_post():
+        (``may_post``). ``out``: as for ``stacks``; posted only where ``may_post()`` just said so (the caller
+        took ``out`` for this read)."""
+        if out is None and not self.may_post():
             return None
         crew = self._crew
+        assert crew is not None
         b, k = obs_slots.shape
-        both = self._pool.get((2, b, k) + self.frames.shape[1:], self.frames.dtype)
+        shape = (2, b, k) + self.frames.shape[1:]
+        if out is None:
+            both = self._pool.get(shape, self.frames.dtype)
+        else:
+            self._check_out(out, shape)
+            both = out
         obs = np.ascontiguousarray(obs_slots, np.int64)
         nxt = np.ascontiguousarray(next_slots, np.int64)
         posted = PostedStacks(crew, (0, 0), both, obs, nxt)

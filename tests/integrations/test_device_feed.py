@@ -257,7 +257,62 @@ def test_distinct_frames_are_fewer_and_exact(atari_store):
         with pytest.raises(ValueError, match="frames"):
             b.batches(4, frames="rows")
         with pytest.raises(ValueError, match="frame_buffer"):
-            b.batches(4, frame_buffer=buffer)
+            b.sequence_batches(4, 8, frame_buffer=buffer)  # (stacks into a buffer: batches() only)
+
+
+@pytest.mark.parametrize("posted", [True, False])
+def test_stacks_are_read_into_the_frame_buffer(atari_store, posted):
+    """``batches(frame_buffer=...)`` with stacks: both stacks are read straight into the caller's
+    ``(2, B, k, *frame)`` buffer, posted to the reader's helpers or read when assembled (a store without
+    helpers); ``obs`` and ``next_obs`` are its halves and ``sample()``'s, zero padding included."""
+    calls = []
+
+    def buffer(shape, dtype):
+        calls.append(np.full(shape, 7, dtype))  # whatever the buffer held must not show
+        return calls[-1]
+
+    from tests._support import internals
+
+    threads = None if posted else 1
+    with mr.ReplayStore.open(atari_store, "r", seed=4) as a, \
+            mr.ReplayStore.open(atari_store, "r", seed=4, read_threads=threads) as b:
+        gate = internals.posting_always(b) if posted else None
+        it = b.batches(64, frame_buffer=buffer)
+        padded = 0
+        for _ in range(10):
+            got, want = next(it), a.sample(64)
+            both = calls[[c.ctypes.data for c in calls].index(got.obs.ctypes.data)]
+            assert both.shape == (2, 64, 4, 84, 84) and both.dtype == np.uint8
+            assert got.obs.base is not None and np.shares_memory(got.next_obs, both)
+            assert got.next_obs.ctypes.data == both.ctypes.data + got.obs.nbytes
+            assert np.array_equal(got.obs, want.obs) and np.array_equal(got.next_obs, want.next_obs)
+            assert np.array_equal(got.index, want.index) and np.array_equal(got.reward, want.reward)
+            padded += int((want.obs == 0).all(axis=(2, 3)).sum())
+        it.close()
+        assert padded  # zero padding was exercised
+        if posted:
+            assert gate.posts >= 8
+
+
+@pytest.mark.parametrize("posted", [True, False])
+def test_host_stacks_are_read_into_the_ring(torch, mt, atari_store, posted):
+    """``host_stacks=True`` on a device: each batch's stacks are read by the reader straight into the ring
+    buffer it is sent from (no second pass on the host), posted or read when assembled, and the batches are
+    ``sample()``'s."""
+    from tests._support import internals
+
+    with mr.ReplayStore.open(atari_store, "r", seed=6) as a, \
+            mr.ReplayStore.open(atari_store, "r", seed=6, read_threads=None if posted else 1) as b:
+        if posted:
+            internals.posting_always(b)
+        feed = mt.DeviceBatches(b, 32, prefetch=2, host_stacks=True, copier=_late(mt, torch))
+        sent = internals.record_sent_stacks(feed)
+        try:
+            for _ in range(8):
+                assert_batch(next(feed), a.sample(32))
+        finally:
+            feed.close()
+        assert len(sent) >= 8 and set(sent) == {("Batch", True, True)}
 
 
 def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
@@ -367,7 +422,8 @@ def test_the_cuda_copier_waits_without_spinning(torch, mt, monkeypatch):
 
 def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari_store):
     """A distinct-frame buffer lent to a batch that is never sent (its read failed: the array is dropped) is
-    free again at once; one that is sent stays held until its copy completes."""
+    free again at once; one that is sent stays held until its copy completes. A buffer of two stacks stays
+    held while either stack (a view of it, as a batch holds them) lives."""
     with mr.ReplayStore.open(atari_store, "r", seed=2) as b:
         copier = _late(mt, torch, delay=0.05)
         feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
@@ -379,6 +435,14 @@ def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari
             assert len(busy) == 1 and internals.frame_buffers_lent(feed) == 1
             del lent
             assert not busy[0].busy and internals.frame_buffers_lent(feed) == 0  # given back: the array died unsent
+            both = internals.lend_frame_buffer(feed, (2, 32, 4, 84, 84), np.dtype(np.uint8))
+            obs, next_obs = both[0], both[1]
+            del both
+            assert busy[0].busy and internals.frame_buffers_lent(feed) == 1  # its stacks hold it
+            del obs
+            assert busy[0].busy
+            del next_obs
+            assert not busy[0].busy and internals.frame_buffers_lent(feed) == 0
             for _ in range(5):
                 next(feed)
             assert len(feed.ring.slots) == 2 + 3
