@@ -51,7 +51,8 @@ from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # 
 
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
 CPU_ROUNDS = 3  # alternating tight-loop windows of each way for its CPU per batch
-LABELS = {"feed": "", "baseline": " (baseline)", "gpu": " (GPU way, host side)"}  # a table row's, after its batch
+LABELS = {"feed": "", "baseline": " (baseline)", "gpu": " (GPU way, host side)",
+          "gpu-host-stacks": " (GPU way, host stacks)"}  # a table row's, after its batch
 
 
 def log(msg: str) -> None:
@@ -190,14 +191,15 @@ class _MetaCopier(Copier):
         return torch.empty(host.shape, dtype=host.dtype, device="meta"), None
 
 
-def gpu_host_feed(store: mr.ReplayStore, b: int, posted: bool = True) -> Any:
+def gpu_host_feed(store: mr.ReplayStore, b: int, posted: bool = True, host_stacks: bool = False) -> Any:
     """``device_batches``' GPU way (distinct frames into ring buffers, packed, sent, stacks gathered on the
     device) to the meta device; ``posted=False``: its distinct frames never posted to the reader's helpers
-    (read by the prefetch thread or in ``next()``)."""
+    (read by the prefetch thread or in ``next()``); ``host_stacks=True``: both stacks read into the ring
+    buffers instead, sent as they are."""
     if not posted:
         store._post_frame_draw = lambda d, frame_buffer=None: None  # type: ignore[method-assign]
     try:
-        return DeviceBatches(store, b, prefetch=2, copier=_MetaCopier())
+        return DeviceBatches(store, b, prefetch=2, host_stacks=host_stacks, copier=_MetaCopier())
     finally:
         if not posted:
             del store._post_frame_draw
@@ -239,7 +241,7 @@ def learner_rates(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, 
                 def step() -> None:
                     learner.update(to_tensors(store.sample(b), as_dict=False))
             elif m in GPU_WAYS:
-                it = gpu_host_feed(store, b, posted=m == "gpu")
+                it = gpu_host_feed(store, b, posted=m != "gpu-unposted", host_stacks=m == "gpu-host-stacks")
                 gpu_timer = timers[m]
 
                 def step() -> None:
@@ -278,7 +280,7 @@ def commit_of(root: str) -> str:
         return "?"
 
 
-GPU_WAYS = ("gpu", "gpu-unposted")
+GPU_WAYS = ("gpu", "gpu-unposted", "gpu-host-stacks")
 
 
 def modes_of(baseline: Any) -> tuple[str, ...]:
@@ -361,14 +363,14 @@ def main() -> None:
                      for m in rates}
             rows.append([str(b), f"{statistics.median(rates['alone']):.0f}"]
                         + [f"{statistics.median(rates[m]):.0f} ({ratio[m]:.2f})" for m in modes_of(baseline)])
-            for m in (("feed", "baseline") if baseline else ("feed",)) + ("gpu",):
+            for m in (("feed", "baseline") if baseline else ("feed",)) + ("gpu", "gpu-host-stacks"):
                 wall = np.array(timers[m].wall) * 1e6
                 cpu = np.array(timers[m].cpu) * 1e6
                 gil.append([str(b) + LABELS[m], f"{np.median(wall):.0f}",
                             f"{np.percentile(wall, 90):.0f}", f"{np.median(cpu):.0f}", f"{np.percentile(cpu, 90):.0f}"])
             # where the feed's loss goes, window by window against the "alone" window of its round: a fed step is
             # next() plus the learner's own update, which may itself run slower beside the read (caches, memory)
-            for m in ("feed", "gpu"):
+            for m in ("feed", "gpu", "gpu-host-stacks"):
                 parts = [(rate / alone, inside * alone, (1 / rate - inside) * alone)
                          for (rate, inside), alone in zip(timers[m].windows, rates["alone"], strict=True)]
                 split.append([str(b) + LABELS[m]] + [f"{statistics.median(x[i] for x in parts):.3f}" for i in range(3)])
@@ -412,11 +414,14 @@ def main() -> None:
         f" at the end, on {os.cpu_count()} cores: where it exceeds the cores, every rate here is shared with other"
         " work, \"alone\" included, and the ratios carry that noise (ratios above 1 are noise).",
         table(["batch", "alone", "`sample()` + `to_tensors`", "`batches(2)` + `to_tensors`", "`device_batches` (feed)"]
-              + (["feed (baseline)"] if baseline else []) + ["GPU way, host side", "GPU way, not posted"], rows)
+              + (["feed (baseline)"] if baseline else []) + ["GPU way, host side", "GPU way, not posted",
+                                                             "GPU way, host stacks"], rows)
         + "\n\nGPU way, host side: `DeviceBatches` with a copier to PyTorch's meta device (every call the feed makes"
           " for a GPU, no bytes moved: distinct frames into ring buffers, packed, \"sent\", stacks gathered);"
           " not posted: the same with its distinct frames never posted to the reader's helper threads (the"
-          " prefetch thread reads them while the learner steps), in the same windows."
+          " prefetch thread reads them while the learner steps); host stacks: `host_stacks=True`, both stacks read"
+          " by the reader straight into the ring buffers and sent as they are (8 frames a row, no gather), in the"
+          " same windows."
         + (f"\n\nfeed (baseline): the feed of commit {commit_of(args.baseline)} (its `mmreplay/torch.py` and"
            " `mmreplay/reading/prefetch.py`, the rest of the package this one's), in the same windows."
            if args.baseline else "")
