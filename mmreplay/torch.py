@@ -769,10 +769,12 @@ def device_batches(store: ReplayStore, batch_size: int, device: Any = None, pref
     helper threads while the learner steps, or the store's prefetch thread), copied with the batch's small
     columns in one non-blocking copy on a side stream, and
     the stacks gathered from them on the device; ``next()`` only makes the current stream wait for that
-    (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies stacks
-    built on the host instead (8 frames a row rather than about 5). On the CPU (``device="cpu"``) the
-    batches are ``batches()``' own, as tensors (``host_stacks=False``: gathered from the distinct frames,
-    as on a GPU); ``pin_memory=True`` pins them (needs an accelerator).
+    (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies both
+    stacks instead, read by the reader straight into that memory (8 frames a row where the distinct frames
+    are k + n or fewer, and no gather on the device: less work on the learner's thread, more bytes read and
+    copied; sequences' stacks are built on the host from their distinct frames). On the CPU
+    (``device="cpu"``) the batches are ``batches()``' own, as tensors (``host_stacks=False``: gathered
+    from the distinct frames, as on a GPU); ``pin_memory=True`` pins them (needs an accelerator).
     ``sequence_length=L`` (and ``strict``) hands out ``TensorSequenceBatch``es of
     ``store.sequence_batches(batch_size, L)`` the same way. Close it (or the store) when done.
     """
