@@ -213,7 +213,7 @@ def test_sequences_are_samples(torch, mt, atari_store, way):
         feed.close()
 
 
-@pytest.mark.parametrize("way", ["cpu", "ring"])
+@pytest.mark.parametrize("way", ["cpu", "ring", "ring-host-stacks"])
 def test_commit_and_resume_as_batches(torch, mt, atari_store, tmp_path, way):
     """Draws made but not handed out are recorded at a commit and handed out first after a resume, as
     ``batches()`` does: a feed and a ``batches()`` run through the same commit agree batch for batch."""
