@@ -1117,7 +1117,8 @@ def _frames_arg(frames: Any, frame_buffer: Any, transform: Any, stacks_buffer: b
     if frames not in ("stacks", "distinct"):
         raise ValueError(f"frames: expected 'stacks' or 'distinct', got {frames!r}")
     if frame_buffer is not None and frames != "distinct" and not stacks_buffer:
-        raise ValueError("frame_buffer is for frames='distinct' here: pass both")
+        raise ValueError("frame_buffer: sequence_batches() reads into a caller's buffer only the distinct frames"
+                         f" of its sequences; pass frames='distinct' with it (got frames={frames!r})")
     for name, fn in (("frame_buffer", frame_buffer), ("transform", transform)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {fn!r}")

@@ -256,7 +256,7 @@ def test_distinct_frames_are_fewer_and_exact(atari_store):
         it.close()
         with pytest.raises(ValueError, match="frames"):
             b.batches(4, frames="rows")
-        with pytest.raises(ValueError, match="frame_buffer"):
+        with pytest.raises(ValueError, match="frame_buffer: .*pass frames='distinct' with it .got frames='stacks'"):
             b.sequence_batches(4, 8, frame_buffer=buffer)  # (stacks into a buffer: batches() only)
 
 
