@@ -692,7 +692,8 @@ class ReplayStore:
         copied in the background, with the rules of ``batches()``: batch ``i + prefetch`` is drawn (and its
         steps fixed) when batch ``i`` is handed out; commits record the draws not yet handed out, and the
         first ``sequence_batches`` iterator of the same arguments after ``open()``/``load()`` hands them out.
-        ``frames="distinct"``, ``frame_buffer``, ``transform``: as for ``batches()`` (``FrameSequenceBatch``es).
+        ``frames="distinct"``, ``frame_buffer``, ``transform``: as for ``batches()`` (``FrameSequenceBatch``es);
+        with stacks, ``frame_buffer((B, L+1, k, *frame), dtype)``'s array is what the states are read into.
         """
         self._check_open()
         b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
@@ -700,9 +701,12 @@ class ReplayStore:
         p = _inputs.prefetch_arg(prefetch)
         assemble: Callable[..., Any] = self._assemble_sequence_draw
         post: Callable[[DrawnBatch], Any] = functools.partial(self._post_sequence_draw, distinct=False)
-        if _frames_arg(frames, frame_buffer, transform, stacks_buffer=False):
+        if _frames_arg(frames, frame_buffer, transform):
             assemble = functools.partial(self._assemble_sequence_frame_draw, frame_buffer=frame_buffer)
             post = functools.partial(self._post_sequence_draw, distinct=True, frame_buffer=frame_buffer)
+        elif frame_buffer is not None:
+            assemble = functools.partial(self._assemble_sequence_draw, frame_buffer=frame_buffer)
+            post = functools.partial(self._post_sequence_draw, distinct=False, frame_buffer=frame_buffer)
         if transform is not None:
             assemble = _then(assemble, transform)
         return self._draw_state.iterator(lambda: self._draw_sequences(b, n, strict, beta),
@@ -727,7 +731,7 @@ class ReplayStore:
             return None
         if distinct:
             return post_sequence_frames(d.plan, self._reader, frame_buffer)
-        return post_sequences(d.plan, self._reader)
+        return post_sequences(d.plan, self._reader, frame_buffer)
 
     @_serialized
     @fault_checked
@@ -753,11 +757,14 @@ class ReplayStore:
 
     @fault_checked
     def _assemble_sequence_draw(self, d: DrawnBatch, posted: PostedFrames | None = None,
-                                then: Callable[[], None] | None = None) -> SequenceBatch:
-        """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``)."""
+                                then: Callable[[], None] | None = None,
+                                frame_buffer: FrameBuffer | None = None) -> SequenceBatch:
+        """Copy a drawn batch of sequences (possibly in the prefetch thread; see ``_assemble_draw``), its states
+        read into ``frame_buffer``'s array when given."""
         if not isinstance(d.plan, SequencePlan):
             raise RuntimeError("a drawn batch of sequences has no sequence plan")  # draw_sequences makes one
-        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight, posted, then)
+        return assemble_sequences(d.plan, self._ring.arrays, self._extra_names, self._reader, d.weight, posted, then,
+                                  frame_buffer)
 
     @_serialized
     def sampleable_ids(self) -> np.ndarray:
@@ -1111,14 +1118,10 @@ def _after_fork_in_parent() -> None:
     _HELD_AT_FORK.clear()
 
 
-def _frames_arg(frames: Any, frame_buffer: Any, transform: Any, stacks_buffer: bool = True) -> bool:
-    """``batches(frames=...)``: True for "distinct"; checks ``frame_buffer`` and ``transform`` (callables; a
-    ``frame_buffer`` for stacks only where ``stacks_buffer``: ``batches()``, not ``sequence_batches()``)."""
+def _frames_arg(frames: Any, frame_buffer: Any, transform: Any) -> bool:
+    """``batches(frames=...)``: True for "distinct"; checks that ``frame_buffer`` and ``transform`` are callables."""
     if frames not in ("stacks", "distinct"):
         raise ValueError(f"frames: expected 'stacks' or 'distinct', got {frames!r}")
-    if frame_buffer is not None and frames != "distinct" and not stacks_buffer:
-        raise ValueError("frame_buffer: sequence_batches() reads into a caller's buffer only the distinct frames"
-                         f" of its sequences; pass frames='distinct' with it (got frames={frames!r})")
     for name, fn in (("frame_buffer", frame_buffer), ("transform", transform)):
         if fn is not None and not callable(fn):
             raise TypeError(f"{name}: expected a callable or None, got {fn!r}")

@@ -537,11 +537,10 @@ class DeviceBatches(Iterator[Any]):
         # once the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
         self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
-        # host stacks of transitions for a device: read by the reader straight into the ring buffers (sequences'
-        # host stacks are built from their distinct frames when sent)
-        self._in_place = host_stacks and self.ring is not None and not self.sequences
-        frame_buffer = self._frame_buffer if self.ring is not None and (not host_stacks or self._in_place) else None
-        frames = "stacks" if plain or self._in_place else "distinct"
+        # host stacks for a device: read by the reader straight into the ring buffers
+        self._in_place = host_stacks and self.ring is not None
+        frame_buffer = self._frame_buffer if self.ring is not None else None
+        frames = "stacks" if host_stacks else "distinct"
         transform = None if plain else self._transform
         if self.sequences:
             self._it: Any = store.sequence_batches(batch_size, sequence_length, prefetch=prefetch,  # type: ignore[arg-type]
@@ -573,8 +572,8 @@ class DeviceBatches(Iterator[Any]):
         if self.ring is None:
             return self._on_cpu(batch)
         frames = getattr(batch, "frames", None)
-        in_place = self._in_place and type(batch) is Batch
-        lent = batch.obs if in_place else frames  # (the first of its two stacks starts the lent array)
+        in_place = self._in_place and type(batch) in (Batch, SequenceBatch)
+        lent = batch.obs if in_place else frames  # (its first stack starts the lent array)
         held = self._lent.pop(lent.ctypes.data, None) if lent is not None else None
         slot = held[0] if held is not None else self.ring.take()
         try:
@@ -614,12 +613,13 @@ class DeviceBatches(Iterator[Any]):
         ``in_place``, read there already), copy it to the device, gather the stacks there (distinct)."""
         assert self.ring is not None and self.copier is not None
         cols = _columns(batch, _FEED_SEQUENCE if self.sequences else _FEED_BATCH)
-        if type(batch) is Batch:  # host stacks of transitions: obs and next_obs
-            fr, fshape, ishape = batch.obs, batch.obs.shape[2:], batch.obs.shape[:2]
-            index_dtype = None
+        if self.host_stacks:  # a Batch's obs and next_obs (B, k, *frame), a SequenceBatch's obs (B, L+1, k, *frame)
+            fr = batch.obs
+            nd = 3 if self.sequences else 2
+            fshape, ishape, index_dtype = fr.shape[nd:], fr.shape[:nd], None
         else:
-            fr, fshape, ishape = batch.frames, batch.frames.shape[1:], batch.obs_index.shape
-            index_dtype = batch.obs_index.dtype
+            fr = batch.frames
+            fshape, ishape, index_dtype = fr.shape[1:], batch.obs_index.shape, batch.obs_index.dtype
         # a feed's batches share a layout but for the number of distinct frames, which only moves its start
         key = (fshape, fr.dtype, ishape, tuple((name, a.dtype, a.shape) for name, a in cols))
         lay = self._layouts.get(key)
@@ -630,14 +630,11 @@ class DeviceBatches(Iterator[Any]):
                                                index_dtype, cols)
         head = 0 if self.host_stacks else _align(fr.nbytes)
         array = self.ring.reserve(slot, head + lay.size, keep=lay.stack_bytes if in_place else head)
-        if self.host_stacks and type(batch) is Batch:
+        if self.host_stacks:
             if not in_place:  # (read elsewhere: copied in)
-                for (off, n), a in zip(lay.stacks, (batch.obs, batch.next_obs), strict=True):
+                stacks = (batch.obs,) if self.sequences else (batch.obs, batch.next_obs)
+                for (off, n), a in zip(lay.stacks, stacks, strict=True):
                     array[off:off + n] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
-        elif self.host_stacks:  # sequences' stacks built here from their distinct frames (np.take: one pass)
-            stacks = (batch.obs_index,) if self.sequences else (batch.obs_index, batch.next_index)
-            for (off, n), index in zip(lay.stacks, stacks, strict=True):
-                np.take(fr, index, axis=0, out=array[off:off + n].view(fr.dtype).reshape(index.shape + fshape))
         else:  # the frames are already at the buffer's start (frame_buffer); both stacks' positions, adjacent
             n = batch.obs_index.nbytes
             array[head:head + n] = batch.obs_index.reshape(-1).view(np.uint8)
@@ -772,7 +769,7 @@ def device_batches(store: ReplayStore, batch_size: int, device: Any = None, pref
     (so use the batch on the stream that was current at ``next()``). ``host_stacks=True`` copies both
     stacks instead, read by the reader straight into that memory (8 frames a row where the distinct frames
     are k + n or fewer, and no gather on the device: less work on the learner's thread, more bytes read and
-    copied; sequences' stacks are built on the host from their distinct frames). On the CPU
+    copied). On the CPU
     (``device="cpu"``) the batches are ``batches()``' own, as tensors (``host_stacks=False``: gathered
     from the distinct frames, as on a GPU); ``pin_memory=True`` pins them (needs an accelerator).
     ``sequence_length=L`` (and ``strict``) hands out ``TensorSequenceBatch``es of

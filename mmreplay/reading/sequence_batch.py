@@ -59,10 +59,12 @@ def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return values
 
 
-def post_sequences(plan: SequencePlan, reader: FrameReader) -> PostedFrames:
+def post_sequences(plan: SequencePlan, reader: FrameReader, frame_buffer: FrameBuffer | None = None) -> PostedFrames:
     """Start reading a planned batch of sequences' states (``assemble_sequences``' read) in the reader's helper
-    threads; only where ``reader.may_post()`` just said so."""
-    obs = reader.buffer(plan.obs_slots.shape)
+    threads, into ``frame_buffer``'s array when given; only where ``reader.may_post()`` just said so."""
+    shape = plan.obs_slots.shape
+    obs = reader.buffer(shape) if frame_buffer is None else frame_buffer(shape + reader.frames.shape[1:],
+                                                                           reader.frames.dtype)
     flat = obs.reshape((-1,) + obs.shape[plan.obs_slots.ndim:])
     return PostedFrames(obs, None, reader.post_gather(plan.obs_slots.reshape(-1), flat))
 
@@ -78,10 +80,18 @@ def _zeroed(plan: SequencePlan) -> np.ndarray:
 
 def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_names: tuple[str, ...],
                        reader: FrameReader, weight: np.ndarray | None, posted: PostedFrames | None = None,
-                       then: Callable[[], None] | None = None) -> SequenceBatch:
+                       then: Callable[[], None] | None = None,
+                       frame_buffer: FrameBuffer | None = None) -> SequenceBatch:
     """Copy a planned batch of sequences out of the ring arrays (frames through ``reader``; ``posted``: already
-    being read, ``post_sequences``; ``then`` runs once they are read)."""
-    obs = reader.gather(plan.obs_slots) if posted is None else posted.join(reader)
+    being read, ``post_sequences``; ``then`` runs once they are read). States read here go into
+    ``frame_buffer((B, L+1, k, *frame), dtype)``'s array when given."""
+    if posted is None:
+        out = None
+        if frame_buffer is not None:
+            out = frame_buffer(plan.obs_slots.shape + reader.frames.shape[1:], reader.frames.dtype)
+        obs = reader.gather(plan.obs_slots, out)
+    else:
+        obs = posted.join(reader)
     if then is not None:
         then()
     if plan.obs_pad.any():

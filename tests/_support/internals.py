@@ -44,12 +44,12 @@ def frame_buffers_lent(feed: Any) -> int:
 def record_sent_stacks(feed: Any) -> list[tuple[str, bool, bool]]:
     """From now on, for each batch a ``DeviceBatches`` sends: the type of the store's batch, whether it is
     sent as read in place (its stacks already in the ring buffer it is sent from), and whether its ``obs``
-    (a ``Batch``'s) lies in that buffer."""
+    (a ``Batch``'s or a ``SequenceBatch``'s) lies in that buffer."""
     seen: list[tuple[str, bool, bool]] = []
     send = feed._send
 
     def recorded(batch: Any, slot: Any, in_place: bool = False) -> Any:
-        obs = batch.obs if isinstance(batch, mr.Batch) else None
+        obs = getattr(batch, "obs", None)  # (distinct-frame batches have none)
         seen.append((type(batch).__name__, in_place, obs is not None and np.shares_memory(obs, slot.array)))
         return send(batch, slot, in_place)
 

@@ -256,8 +256,37 @@ def test_distinct_frames_are_fewer_and_exact(atari_store):
         it.close()
         with pytest.raises(ValueError, match="frames"):
             b.batches(4, frames="rows")
-        with pytest.raises(ValueError, match="frame_buffer: .*pass frames='distinct' with it .got frames='stacks'"):
-            b.sequence_batches(4, 8, frame_buffer=buffer)  # (stacks into a buffer: batches() only)
+        with pytest.raises(TypeError, match="frame_buffer: expected a callable"):
+            b.batches(4, frame_buffer=np.zeros(3))
+
+
+@pytest.mark.parametrize("posted", [True, False])
+def test_sequence_states_are_read_into_the_frame_buffer(atari_store, posted):
+    """``sequence_batches(frame_buffer=...)`` with stacks: the states are read straight into the caller's
+    ``(B, L+1, k, *frame)`` buffer, posted or read when assembled; they are ``sample_sequences()``'s, zero
+    states and padding included."""
+    calls = []
+
+    def buffer(shape, dtype):
+        calls.append(np.full(shape, 7, dtype))
+        return calls[-1]
+
+    from tests._support import internals
+
+    with mr.ReplayStore.open(atari_store, "r", seed=8) as a, \
+            mr.ReplayStore.open(atari_store, "r", seed=8, read_threads=None if posted else 1) as b:
+        gate = internals.posting_always(b) if posted else None
+        it = b.sequence_batches(6, 40, frame_buffer=buffer)
+        zeros = 0
+        for _ in range(6):
+            got, want = next(it), a.sample_sequences(6, 40)
+            assert any(got.obs is c for c in calls) and got.obs.shape == (6, 41, 4, 84, 84)
+            assert np.array_equal(got.obs, want.obs) and np.array_equal(got.mask, want.mask)
+            zeros += int((want.obs == 0).all(axis=(2, 3, 4)).sum())
+        it.close()
+        assert zeros  # zero states were among them
+        if posted:
+            assert gate.posts >= 4
 
 
 @pytest.mark.parametrize("posted", [True, False])
@@ -294,25 +323,32 @@ def test_stacks_are_read_into_the_frame_buffer(atari_store, posted):
             assert gate.posts >= 8
 
 
+@pytest.mark.parametrize("sequences", [False, True])
 @pytest.mark.parametrize("posted", [True, False])
-def test_host_stacks_are_read_into_the_ring(torch, mt, atari_store, posted):
-    """``host_stacks=True`` on a device: each batch's stacks are read by the reader straight into the ring
-    buffer it is sent from (no second pass on the host), posted or read when assembled, and the batches are
-    ``sample()``'s."""
+def test_host_stacks_are_read_into_the_ring(torch, mt, atari_store, posted, sequences):
+    """``host_stacks=True`` on a device: each batch's stacks (a batch of sequences' states) are read by the
+    reader straight into the ring buffer it is sent from (no second pass on the host), posted or read when
+    assembled, and the batches are ``sample()``'s (``sample_sequences()``'s)."""
     from tests._support import internals
 
     with mr.ReplayStore.open(atari_store, "r", seed=6) as a, \
             mr.ReplayStore.open(atari_store, "r", seed=6, read_threads=None if posted else 1) as b:
         if posted:
             internals.posting_always(b)
-        feed = mt.DeviceBatches(b, 32, prefetch=2, host_stacks=True, copier=_late(mt, torch))
+        length = 30 if sequences else None
+        feed = mt.DeviceBatches(b, 8 if sequences else 32, prefetch=2, host_stacks=True, copier=_late(mt, torch),
+                                sequence_length=length)
         sent = internals.record_sent_stacks(feed)
         try:
             for _ in range(8):
-                assert_batch(next(feed), a.sample(32))
+                if sequences:
+                    assert_batch(next(feed), a.sample_sequences(8, 30), SEQ_FIELDS)
+                else:
+                    assert_batch(next(feed), a.sample(32))
         finally:
             feed.close()
-        assert len(sent) >= 8 and set(sent) == {("Batch", True, True)}
+        kind = "SequenceBatch" if sequences else "Batch"
+        assert len(sent) >= 8 and set(sent) == {(kind, True, True)}
 
 
 def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
