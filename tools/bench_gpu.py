@@ -10,7 +10,9 @@ Ways, in alternating windows in one process (each ratio: median over rounds of t
 - ``batches2``: ``store.batches(B, prefetch=2)`` + ``to_tensors`` + ``.to(device)``;
 - ``feed``: ``mmreplay.torch.device_batches(store, B, device, prefetch=2)`` (the target: >= 0.95 of
   ``on-device``); also timed: the learner thread's CPU time in ``next()`` per batch, and the feed's own rate
-  with no learner (``feed-only``: what it can supply).
+  with no learner (``feed-only``: what it can supply);
+- ``feed-hs``: the same with ``host_stacks=True`` (both stacks read into the pinned buffers and copied as
+  they are: 8 frames a row, no gather on the device), its ``next()`` timed too.
 
 Learner: the Nature DQN (3 conv + 512 fc, 6 actions) on uint8 84x84x4 stacks / 255, Adam (lr 1e-4), Huber
 loss, a target network synced every 1,000 updates, TF32 matmuls and convolutions, one update per batch.
@@ -46,8 +48,9 @@ import mmreplay as mr  # noqa: E402
 from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import TensorBatch, device_batches, to_tensors  # noqa: E402
 
-WAYS = ("alone", "on-device", "sample", "batches2", "feed", "feed-only")
-RATIO_WAYS = WAYS[:5]
+WAYS = ("alone", "on-device", "sample", "batches2", "feed", "feed-hs", "feed-only")
+RATIO_WAYS = WAYS[:6]
+TIMED = ("feed", "feed-hs")  # ways whose next() is timed on the learner's thread
 
 
 def nature_dqn(actions: int = 6) -> nn.Module:
@@ -127,12 +130,12 @@ def window(step: Callable[[], Any], seconds: float, device: torch.device) -> flo
 
 
 def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.device, rounds: int,
-              seconds: float) -> tuple[dict[str, list[float]], list[float]]:
+              seconds: float) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     learner = Learner(device)
     fixed = tensors(store.sample(b), device)
     on_device = OnDevice(pool, b, device)
     out: dict[str, list[float]] = {w: [] for w in WAYS}
-    next_cpu: list[float] = []  # the learner thread's CPU seconds per next() of the feed, per round
+    next_cpu: dict[str, list[float]] = {w: [] for w in TIMED}  # the learner thread's CPU s per next(), per round
     for r in range(rounds):
         for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
             it: Any = None
@@ -150,8 +153,8 @@ def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.dev
 
                 def step() -> None:
                     learner.update(tensors(next(it), device))  # noqa: B023
-            elif way == "feed":
-                it = device_batches(store, b, device, prefetch=2)
+            elif way in TIMED:
+                it = device_batches(store, b, device, prefetch=2, host_stacks=way == "feed-hs")
                 spent = [0.0, 0]
 
                 def step() -> None:
@@ -167,12 +170,12 @@ def rates_for(store: mr.ReplayStore, pool: np.ndarray, b: int, device: torch.dev
                     tb = next(it)  # noqa: B023
                     tb.obs.view(-1)[:1].add_(0)  # a token of use, ordered after the copy
             out[way].append(window(step, seconds, device))
-            if way == "feed":
-                next_cpu.append(spent[0] / spent[1])
+            if way in TIMED:
+                next_cpu[way].append(spent[0] / spent[1])
             if it is not None:
                 it.close()
         log(f"B={b} round {r}: " + ", ".join(f"{w} {out[w][-1]:.0f}/s" for w in WAYS)
-            + f"; next() {next_cpu[-1] * 1e6:.0f} us CPU")
+            + "; next() " + ", ".join(f"{w} {next_cpu[w][-1] * 1e6:.0f} us CPU" for w in TIMED))
     return out, next_cpu
 
 
@@ -214,7 +217,8 @@ def main() -> None:
                 rows.append([str(b)] + [f"{statistics.median(r[w]):.0f}" + ("" if w in ("alone", "on-device")
                                                                           else f" ({ratio[w]:.2f})")
                                         for w in RATIO_WAYS]
-                            + [f"{statistics.median(r['feed-only']):.0f}", f"{statistics.median(next_cpu) * 1e6:.0f}"])
+                            + [f"{statistics.median(r['feed-only']):.0f}"]
+                            + [f"{statistics.median(next_cpu[w]) * 1e6:.0f}" for w in TIMED])
                 log(f"B={b}: {ratio}")
             capacity = store.capacity
     finally:
@@ -228,7 +232,8 @@ def main() -> None:
         f" already on the device (target for the feed: >= 0.95). Store: capacity {capacity:,}, the repository's"
         " Atari episodes, stack 4, n-step 3, compressed.",
         table(["batch", "learner alone", "frames on the device", "`sample()` + `.to()`", "`batches(2)` + `.to()`",
-               "`device_batches` (feed)", "feed, no learner (batches/s)", "feed `next()`: learner CPU us"], rows),
+               "`device_batches` (feed)", "feed, `host_stacks=True`", "feed, no learner (batches/s)",
+               "feed `next()`: learner CPU us", "host stacks `next()`: learner CPU us"], rows),
         f"CPU: {os.cpu_count()} cores ({len(os.sched_getaffinity(0))} usable), reader threads as the store chooses"
         f" them. Command: `python tools/bench_gpu.py --rounds {args.rounds} --seconds {args.seconds:g}`.",
     ])
