@@ -53,9 +53,9 @@ from .reading.batch import (
     PostedFrames,
     assemble,
     assemble_frames,
+    buffer_for,
     planned_batch,
     post_frames,
-    stacks_shape,
 )
 from .reading.prefetch import BatchIterator, DrawnBatch
 from .reading.reader import FrameReader, PostedStacks
@@ -662,7 +662,7 @@ class ReplayStore:
         if not self._reader.may_post():
             return None
         return self._reader.post_stacks(d.plan.obs_slots, d.plan.next_slots,
-                                        frame_buffer(stacks_shape(d.plan, self._reader), self._reader.frames.dtype))
+                                        buffer_for(frame_buffer, self._reader, (2,) + d.plan.obs_slots.shape))
 
     @_serialized
     def sample_sequences(self, batch_size: int, length: int, strict: bool = False,

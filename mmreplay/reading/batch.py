@@ -68,9 +68,12 @@ def _extras(arrays: dict[str, np.ndarray], slots: np.ndarray, extra_names: tuple
     return {name: arrays["x_" + name][slots] for name in extra_names} if extra_names else {}
 
 
-def stacks_shape(plan: Plan, reader: FrameReader) -> tuple[int, ...]:
-    """The shape of a planned batch's two stacks in one array: ``(2, B, k, *frame)``."""
-    return (2,) + plan.obs_slots.shape + reader.frames.shape[1:]
+def buffer_for(frame_buffer: FrameBuffer | None, reader: FrameReader, slots_shape: tuple[int, ...]) -> np.ndarray | None:
+    """``frame_buffer``'s array for the frames of slots of ``slots_shape`` (``slots_shape + frame``, the frames'
+    dtype), or None without one (the reader's recycled buffers then)."""
+    if frame_buffer is None:
+        return None
+    return frame_buffer(slots_shape + reader.frames.shape[1:], reader.frames.dtype)
 
 
 def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
@@ -81,10 +84,10 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
 
     ``ids`` is used as the batch's ``index`` without a copy: pass an array the caller owns. ``posted``:
     its frames, already being read (``FrameReader.post_stacks``); ``then`` runs once the frames are read.
-    Frames read here go into ``frame_buffer(stacks_shape(...), dtype)``'s array when given.
+    Frames read here go into ``frame_buffer((2, B, k, *frame), dtype)``'s array when given.
     """
     if posted is None:
-        out = None if frame_buffer is None else frame_buffer(stacks_shape(plan, reader), reader.frames.dtype)
+        out = buffer_for(frame_buffer, reader, (2,) + plan.obs_slots.shape)
         obs, next_obs = reader.stacks(plan.obs_slots, plan.next_slots, out)
     else:
         obs, next_obs = reader.join_stacks(posted)

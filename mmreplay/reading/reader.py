@@ -138,14 +138,8 @@ class FrameReader:
         """``frames[obs_slots]`` and ``frames[next_slots]`` (both ``(B, k)``) as two ``(B, k, *frame)`` arrays:
         the halves of a recycled ``(2, B, k, *frame)`` buffer, or of ``out`` (the caller's C-contiguous array
         of that shape and the frames' dtype, e.g. pinned host memory), read straight into."""
-        frames = self.frames
-        b, k = obs_slots.shape
-        shape = (2, b, k) + frames.shape[1:]
-        if out is None:
-            both = self._pool.get(shape, frames.dtype)
-        else:
-            self._check_out(out, shape)
-            both = out
+        b = obs_slots.shape[0]
+        both = self._output((2,) + obs_slots.shape, out)
         ahead = self._ahead()
         self._stacks_into(both, obs_slots, next_slots, ahead, self._way(b, both.nbytes, ahead))
         return both[0], both[1]  # C-contiguous views of one buffer
@@ -293,13 +287,8 @@ class FrameReader:
             return None
         crew = self._crew
         assert crew is not None
-        b, k = obs_slots.shape
-        shape = (2, b, k) + self.frames.shape[1:]
-        if out is None:
-            both = self._pool.get(shape, self.frames.dtype)
-        else:
-            self._check_out(out, shape)
-            both = out
+        b = obs_slots.shape[0]
+        both = self._output((2,) + obs_slots.shape, out)
         obs = np.ascontiguousarray(obs_slots, np.int64)
         nxt = np.ascontiguousarray(next_slots, np.int64)
         posted = PostedStacks(crew, (0, 0), both, obs, nxt)
@@ -309,7 +298,7 @@ class FrameReader:
 
     def buffer(self, shape: tuple[int, ...]) -> np.ndarray:
         """A recycled output buffer of frames ``shape + frame shape`` (as ``gather`` reads into)."""
-        return self._pool.get(shape + self.frames.shape[1:], self.frames.dtype)
+        return self._output(shape, None)
 
     def post_gather(self, slots: np.ndarray, out: np.ndarray) -> PostedStacks:
         """Start reading ``gather(slots, out)`` (``slots`` 1-D, ``out`` the caller's C-contiguous array of the
@@ -323,6 +312,14 @@ class FrameReader:
         posted.task = crew.post(self._fields(FLAT, index, None, index.size, out), index.size, posted)
         self._gate.posts += 1
         return posted
+
+    def _output(self, slots_shape: tuple[int, ...], out: np.ndarray | None) -> np.ndarray:
+        """Where frames of slots of ``slots_shape`` are read: ``out`` (checked), else a recycled buffer."""
+        shape = slots_shape + self.frames.shape[1:]
+        if out is None:
+            return self._pool.get(shape, self.frames.dtype)
+        self._check_out(out, shape)
+        return out
 
     def _check_out(self, out: np.ndarray, shape: tuple[int, ...]) -> None:
         """Raise ``ValueError`` unless ``out`` is a C-contiguous array of the frames' dtype and ``shape``."""
@@ -394,11 +391,7 @@ class FrameReader:
         compressed chunks are decoded straight into it. ``out``: the caller's C-contiguous array of that
         shape and the frames' dtype (e.g. pinned host memory) to read into instead; it is returned."""
         frames = self.frames
-        shape = slots.shape + frames.shape[1:]
-        if out is None:
-            out = self._pool.get(shape, frames.dtype)
-        else:
-            self._check_out(out, shape)
+        out = self._output(slots.shape, out)
         index = np.ascontiguousarray(slots, np.int64).reshape(-1)
         ahead = self._ahead()
         if ahead:

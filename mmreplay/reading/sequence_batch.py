@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..core.sequences import SequencePlan
-from .batch import FrameBuffer, PostedFrames, distinct_frames, post_distinct
+from .batch import FrameBuffer, PostedFrames, buffer_for, distinct_frames, post_distinct
 from .reader import FrameReader
 
 __all__ = ["FrameSequenceBatch", "SequenceBatch", "sequence_priority"]
@@ -62,9 +62,9 @@ def _masked(values: np.ndarray, mask: np.ndarray) -> np.ndarray:
 def post_sequences(plan: SequencePlan, reader: FrameReader, frame_buffer: FrameBuffer | None = None) -> PostedFrames:
     """Start reading a planned batch of sequences' states (``assemble_sequences``' read) in the reader's helper
     threads, into ``frame_buffer``'s array when given; only where ``reader.may_post()`` just said so."""
-    shape = plan.obs_slots.shape
-    obs = reader.buffer(shape) if frame_buffer is None else frame_buffer(shape + reader.frames.shape[1:],
-                                                                           reader.frames.dtype)
+    obs = buffer_for(frame_buffer, reader, plan.obs_slots.shape)
+    if obs is None:
+        obs = reader.buffer(plan.obs_slots.shape)
     flat = obs.reshape((-1,) + obs.shape[plan.obs_slots.ndim:])
     return PostedFrames(obs, None, reader.post_gather(plan.obs_slots.reshape(-1), flat))
 
@@ -86,10 +86,7 @@ def assemble_sequences(plan: SequencePlan, arrays: dict[str, np.ndarray], extra_
     being read, ``post_sequences``; ``then`` runs once they are read). States read here go into
     ``frame_buffer((B, L+1, k, *frame), dtype)``'s array when given."""
     if posted is None:
-        out = None
-        if frame_buffer is not None:
-            out = frame_buffer(plan.obs_slots.shape + reader.frames.shape[1:], reader.frames.dtype)
-        obs = reader.gather(plan.obs_slots, out)
+        obs = reader.gather(plan.obs_slots, buffer_for(frame_buffer, reader, plan.obs_slots.shape))
     else:
         obs = posted.join(reader)
     if then is not None:
