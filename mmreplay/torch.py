@@ -537,8 +537,7 @@ class DeviceBatches(Iterator[Any]):
         # once the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
         self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
-        # host stacks for a device: read by the reader straight into the ring buffers
-        self._in_place = host_stacks and self.ring is not None
+        # for a device, the distinct frames or (host stacks) the stacks are read straight into the ring buffers
         frame_buffer = self._frame_buffer if self.ring is not None else None
         frames = "stacks" if host_stacks else "distinct"
         transform = None if plain else self._transform
@@ -571,13 +570,11 @@ class DeviceBatches(Iterator[Any]):
     def _transform(self, batch: Any) -> Any:
         if self.ring is None:
             return self._on_cpu(batch)
-        frames = getattr(batch, "frames", None)
-        in_place = self._in_place and type(batch) in (Batch, SequenceBatch)
-        lent = batch.obs if in_place else frames  # (its first stack starts the lent array)
-        held = self._lent.pop(lent.ctypes.data, None) if lent is not None else None
+        lent = batch.obs if self.host_stacks else batch.frames  # (its first stack, or its frames, start the lent array)
+        held = self._lent.pop(lent.ctypes.data, None)
         slot = held[0] if held is not None else self.ring.take()
         try:
-            return self._send(batch, slot, in_place and held is not None)
+            return self._send(batch, slot, self.host_stacks and held is not None)
         except BaseException:
             self.ring.give(slot, None)
             raise
