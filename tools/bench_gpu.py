@@ -61,6 +61,10 @@ def nature_dqn(actions: int = 6) -> nn.Module:
 
 class Learner:
     def __init__(self, device: torch.device) -> None:
+        if device.type == "cuda":  # (process-wide: TF32 matmuls and convolutions, cuDNN's autotuner)
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+            torch.backends.cudnn.benchmark = True
         self.device = device
         self.q = nature_dqn().to(device)
         self.target = nature_dqn().to(device)
@@ -193,9 +197,6 @@ def main() -> None:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             sys.exit("no CUDA device: run with --device cpu for a smoke check")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
     sizes = args.batch or [32, 256]
     pool = atari_pool()
     tmp = None

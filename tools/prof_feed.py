@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_feed import gpu_host_feed  # noqa: E402
+from bench_gpu import sync  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 from mmreplay.torch import device_batches, to_tensors  # noqa: E402
@@ -43,18 +44,10 @@ def learner_for(device: str) -> Any:
     if device == "cuda":
         import bench_gpu
 
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        torch.backends.cudnn.benchmark = True
         return bench_gpu.Learner(torch.device("cuda"))
     import bench_feed
 
     return bench_feed.Learner(0.002)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
 
 
 def alone(store: mr.ReplayStore, learner: Any, b: int, device: str, n: int = 600) -> str:
@@ -63,11 +56,11 @@ def alone(store: mr.ReplayStore, learner: Any, b: int, device: str, n: int = 600
         fixed = fixed.to("cuda")
     for _ in range(50):
         learner.update(fixed)
-    sync(device)
+    sync(torch.device(device))
     cpu, t0 = time.thread_time(), time.perf_counter()
     for _ in range(n):
         learner.update(fixed)
-    sync(device)
+    sync(torch.device(device))
     wall = time.perf_counter() - t0
     return (f"B={b} learner alone: {n / wall:.0f} updates/s; per update, its thread's CPU"
             f" {(time.thread_time() - cpu) / n * 1e6:.0f} us, wall {wall / n * 1e6:.0f} us")
@@ -98,7 +91,7 @@ def fed(store: mr.ReplayStore, learner: Any, b: int, device: str, n: int, lines:
             u = time.thread_time()
             learner.update(tb)
             update.append(time.thread_time() - u)
-        sync(device)
+        sync(torch.device(device))
         rate = n / (time.perf_counter() - t0)
         out = io.StringIO()
         stats = pstats.Stats(prof, stream=out)
