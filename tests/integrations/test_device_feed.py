@@ -233,14 +233,22 @@ def test_commit_and_resume_as_batches(torch, mt, atari_store, tmp_path, way):
     assert runs[0] == runs[1]
 
 
-def test_distinct_frames_are_fewer_and_exact(atari_store):
-    """The store-level piece: ``batches(frames="distinct")`` reads each distinct frame once into the
-    caller's buffer; the positions rebuild ``sample()``'s stacks, zero padding included."""
+def _recording_buffer():
+    """A ``frame_buffer`` that hands out new arrays filled with 7s (whatever a buffer held must not show), and
+    the list of the arrays it handed out."""
     calls = []
 
     def buffer(shape, dtype):
-        calls.append(np.full(shape, 7, dtype))  # whatever the buffer held must not show
+        calls.append(np.full(shape, 7, dtype))
         return calls[-1]
+
+    return calls, buffer
+
+
+def test_distinct_frames_are_fewer_and_exact(atari_store):
+    """The store-level piece: ``batches(frames="distinct")`` reads each distinct frame once into the
+    caller's buffer; the positions rebuild ``sample()``'s stacks, zero padding included."""
+    calls, buffer = _recording_buffer()
 
     with mr.ReplayStore.open(atari_store, "r", seed=1) as a, mr.ReplayStore.open(atari_store, "r", seed=1) as b:
         it = b.batches(64, frames="distinct", frame_buffer=buffer)
@@ -265,11 +273,7 @@ def test_sequence_states_are_read_into_the_frame_buffer(atari_store, posted):
     """``sequence_batches(frame_buffer=...)`` with stacks: the states are read straight into the caller's
     ``(B, L+1, k, *frame)`` buffer, posted or read when assembled; they are ``sample_sequences()``'s, zero
     states and padding included."""
-    calls = []
-
-    def buffer(shape, dtype):
-        calls.append(np.full(shape, 7, dtype))
-        return calls[-1]
+    calls, buffer = _recording_buffer()
 
     from tests._support import internals
 
@@ -294,11 +298,7 @@ def test_stacks_are_read_into_the_frame_buffer(atari_store, posted):
     """``batches(frame_buffer=...)`` with stacks: both stacks are read straight into the caller's
     ``(2, B, k, *frame)`` buffer, posted to the reader's helpers or read when assembled (a store without
     helpers); ``obs`` and ``next_obs`` are its halves and ``sample()``'s, zero padding included."""
-    calls = []
-
-    def buffer(shape, dtype):
-        calls.append(np.full(shape, 7, dtype))  # whatever the buffer held must not show
-        return calls[-1]
+    calls, buffer = _recording_buffer()
 
     from tests._support import internals
 
