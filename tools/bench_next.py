@@ -13,6 +13,9 @@ its next step.
    the same stacks from an in-RAM array (what an in-RAM buffer does); and touching 4 MiB of memory (the
    caches emptied, no other work). The ratio to "nothing" is how much slower the learner's own Python runs
    after each.
+3. The reader's reserve (``DrawState``: a run of draws at once for the iterators of a uniform reader) on and
+   off, in alternating windows of the same fed loop: the mean thread CPU of ``next()`` and of the draws per
+   batch (a run's draws spread over the batches it serves).
 
 Store: the repository's real Atari episodes, capacity 50,000, stack 4, n-step 3, compressed (the default).
 Writes the ``next`` section of BENCHMARKS.md.
@@ -150,6 +153,46 @@ def after_effects(store: mr.ReplayStore, alone_store: mr.ReplayStore, b: int, le
     return out
 
 
+def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, n: int
+                    ) -> dict[bool, tuple[list[float], list[float]]]:
+    """Per window, with the reserve on (True) and off: the mean thread CPU (us) of ``next()`` and of the
+    draws per batch, over ``n`` batches of the fed loop after a warm-up."""
+    draws = store._draw_state  # (the store's RNG and its draws)
+    spent: list[int] = []
+    draw = store._draw
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        c0 = time.thread_time_ns()
+        try:
+            return draw(*args, **kwargs)
+        finally:
+            spent.append(time.thread_time_ns() - c0)
+
+    out: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    store._draw = timed  # type: ignore[method-assign]
+    try:
+        for r in range(rounds):
+            for on in ((True, False) if r % 2 == 0 else (False, True)):
+                draws._reserving = on
+                it = device_batches(store, b, "cpu", prefetch=2)
+                for _ in range(10):
+                    learner.update(next(it))
+                spent.clear()
+                cpu = 0
+                for _ in range(n):
+                    learner.update(None)
+                    c0 = time.thread_time_ns()
+                    next(it)
+                    cpu += time.thread_time_ns() - c0
+                it.close()
+                out[on][0].append(cpu / n / 1e3)
+                out[on][1].append(sum(spent) / n / 1e3)
+    finally:
+        del store._draw
+        draws._reserving = True
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--capacity", type=int, default=50_000)
@@ -173,7 +216,7 @@ def main() -> None:
         store = mr.ReplayStore.open(path, "r", seed=0)
         alone_store = mr.ReplayStore.open(path, "r", seed=0, read_threads=1)
         learner = Learner(args.learner_ms / 1000)
-        part_rows, effect_rows = [], []
+        part_rows, effect_rows, reserve_rows = [], [], []
         for b in sizes:
             med, plain, wrapped = parts_of_next(store, b, learner, args.batches)
             print(f"B={b}: next() {plain:.0f} us, wrapped {wrapped:.0f}, " + ", ".join(f"{p} {v:.1f}" for p, v in med.items()),
@@ -186,6 +229,9 @@ def main() -> None:
             print(f"B={b}: " + ", ".join(f"{k} {[round(x) for x in v]}" for k, v in eff.items()), flush=True)
             effect_rows.append([str(b), f"{statistics.median(base):.0f}"]
                                + [f"{ratio[k]:.3f}" for k in eff if k != "nothing"])
+            res = reserve_windows(store, b, learner, args.rounds, 200)
+            print(f"B={b}: reserve on {res[True]}, off {res[False]}", flush=True)
+            reserve_rows.append([str(b)] + [f"{statistics.median(res[on][i]):.0f}" for i in (0, 1) for on in (True, False)])
         store.close()
         alone_store.close()
     finally:
@@ -197,7 +243,8 @@ def main() -> None:
         f" {args.capacity:,}, stack 4, n-step 3, compressed. Median microseconds after a learner's step, over"
         f" {args.batches:,} batches: `next()` unwrapped (a pass of its own), then in a second pass `next()` with each"
         " part timed by wrapping the call that makes it"
-        " (the draw of batch i+2, of which the uniform draw and the plan; joining batch i's frames and assembling it,"
+        " (the draw of batch i+2, of which the uniform draw and the plan: medians, so for this reader mostly a batch taken"
+        " from the reserve's run, whose cost per batch the last table gives; joining batch i's frames and assembling it,"
         " less the post's median;"
         " posting batch i+1's frames to the reader's helper threads, of which the native post, mostly the system call"
         " that wakes the parked helper; the tensors). The two passes run minutes apart: on a shared machine their"
@@ -210,6 +257,12 @@ def main() -> None:
         " of the same stacks from an in-RAM array, and 4 MiB of memory touched (the caches emptied).",
         table(["batch", "after nothing (us)", "after `sample()`", "after `sample()`, `read_threads=1`",
                "after a NumPy gather", "after 4 MiB touched"], effect_rows),
+        "The reader's reserve (a uniform reader's iterators take their draws from a run of draws made at once:"
+        " after a learner's step only the run's first draw finds the caches cold) on and off, in"
+        f" {args.rounds} alternating rounds of 200 batches of the same fed loop: mean thread CPU per batch of"
+        " `next()` and of the draws in it (medians over rounds, us).",
+        table(["batch", "`next()`, reserve", "`next()`, each drawn alone", "draws, reserve", "draws, each alone"],
+              reserve_rows),
         f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
     ])
     print(body)
