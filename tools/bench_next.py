@@ -216,7 +216,7 @@ def main() -> None:
         store = mr.ReplayStore.open(path, "r", seed=0)
         alone_store = mr.ReplayStore.open(path, "r", seed=0, read_threads=1)
         learner = Learner(args.learner_ms / 1000)
-        part_rows, effect_rows, reserve_rows = [], [], []
+        part_rows, effect_rows, reserve_rows, spread = [], [], [], []
         for b in sizes:
             med, plain, wrapped = parts_of_next(store, b, learner, args.batches)
             print(f"B={b}: next() {plain:.0f} us, wrapped {wrapped:.0f}, " + ", ".join(f"{p} {v:.1f}" for p, v in med.items()),
@@ -227,6 +227,7 @@ def main() -> None:
             base = eff["nothing"]
             ratio = {k: statistics.median(x / a for x, a in zip(v, base, strict=True)) for k, v in eff.items()}
             print(f"B={b}: " + ", ".join(f"{k} {[round(x) for x in v]}" for k, v in eff.items()), flush=True)
+            spread.append(f"{min(base):.0f}-{max(base):.0f} us (B={b})")
             effect_rows.append([str(b), f"{statistics.median(base):.0f}"]
                                + [f"{ratio[k]:.3f}" for k in eff if k != "nothing"])
             res = reserve_windows(store, b, learner, args.rounds, 200)
@@ -257,6 +258,9 @@ def main() -> None:
         " of the same stacks from an in-RAM array, and 4 MiB of memory touched (the caches emptied).",
         table(["batch", "after nothing (us)", "after `sample()`", "after `sample()`, `read_threads=1`",
                "after a NumPy gather", "after 4 MiB touched"], effect_rows),
+        "Over the rounds the learner's update after nothing took " + " and ".join(spread) + ": where the"
+        " range is wide, the machine's speed changed between windows, and only ratios of neighbouring windows"
+        " (the tables' medians of per-round figures) carry meaning.",
         "The reader's reserve (a uniform reader's iterators take their draws from a run of draws made at once:"
         " after a learner's step only the run's first draw finds the caches cold) on and off, in"
         f" {args.rounds} alternating rounds of 200 batches of the same fed loop: mean thread CPU per batch of"
