@@ -51,7 +51,7 @@ class DrawState:
     """RNG, draw counter and live prefetching iterators of one open store. ``reserve``: draw the iterators'
     uniform batches several at a time (a reader's store: see the module's "The reserve")."""
 
-    RESERVE = 8  # the most batches a reserve holds (a run of draws: the first one pays for the cold caches)
+    RESERVE = 16  # the most batches a reserve holds (a run of draws: the first one pays for the cold caches)
 
     def __init__(self, manifest: dict[str, Any], seed: int | None, reserve: bool = False) -> None:
         self.rng = np.random.default_rng(seed)
