@@ -154,9 +154,10 @@ def after_effects(store: mr.ReplayStore, alone_store: mr.ReplayStore, b: int, le
 
 
 def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, n: int
-                    ) -> dict[bool, tuple[list[float], list[float]]]:
-    """Per window, with the reserve on (True) and off: the mean thread CPU (us) of ``next()`` and of the
-    draws per batch, over ``n`` batches of the fed loop after a warm-up."""
+                    ) -> dict[bool, dict[str, list[float]]]:
+    """Per window, with the reserve on (True) and off, over ``n`` batches of the fed loop after a warm-up:
+    ``next`` and ``draws``, the mean thread CPU (us) of ``next()`` and of the draws in it per batch, and
+    ``rate``, the loop's steps per second."""
     draws = store._draw_state  # (the store's RNG and its draws)
     spent: list[int] = []
     draw = store._draw
@@ -168,7 +169,7 @@ def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int
         finally:
             spent.append(time.thread_time_ns() - c0)
 
-    out: dict[bool, tuple[list[float], list[float]]] = {True: ([], []), False: ([], [])}
+    out: dict[bool, dict[str, list[float]]] = {on: {"next": [], "draws": [], "rate": []} for on in (True, False)}
     store._draw = timed  # type: ignore[method-assign]
     try:
         for r in range(rounds):
@@ -179,14 +180,17 @@ def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int
                     learner.update(next(it))
                 spent.clear()
                 cpu = 0
+                t0 = time.perf_counter()
                 for _ in range(n):
                     learner.update(None)
                     c0 = time.thread_time_ns()
                     next(it)
                     cpu += time.thread_time_ns() - c0
+                rate = n / (time.perf_counter() - t0)
                 it.close()
-                out[on][0].append(cpu / n / 1e3)
-                out[on][1].append(sum(spent) / n / 1e3)
+                out[on]["next"].append(cpu / n / 1e3)
+                out[on]["draws"].append(sum(spent) / n / 1e3)
+                out[on]["rate"].append(rate)
     finally:
         del store._draw
         draws._reserving = True
@@ -230,9 +234,13 @@ def main() -> None:
             spread.append(f"{min(base):.0f}-{max(base):.0f} us (B={b})")
             effect_rows.append([str(b), f"{statistics.median(base):.0f}"]
                                + [f"{ratio[k]:.3f}" for k in eff if k != "nothing"])
-            res = reserve_windows(store, b, learner, args.rounds, 200)
+            res = reserve_windows(store, b, learner, 2 * args.rounds, 300)
             print(f"B={b}: reserve on {res[True]}, off {res[False]}", flush=True)
-            reserve_rows.append([str(b)] + [f"{statistics.median(res[on][i]):.0f}" for i in (0, 1) for on in (True, False)])
+            on, off = res[True], res[False]
+            reserve_rows.append(
+                [str(b)] + [f"{statistics.median(x[k]):.0f}" for k in ("draws", "next") for x in (on, off)]
+                + [f"{statistics.median(a - c for a, c in zip(on['next'], off['next'], strict=True)):+.0f}",
+                   f"{statistics.median(a / c for a, c in zip(on['rate'], off['rate'], strict=True)):.3f}"])
         store.close()
         alone_store.close()
     finally:
@@ -263,10 +271,13 @@ def main() -> None:
         " (the tables' medians of per-round figures) carry meaning.",
         "The reader's reserve (a uniform reader's iterators take their draws from a run of draws made at once:"
         " after a learner's step only the run's first draw finds the caches cold) on and off, in"
-        f" {args.rounds} alternating rounds of 200 batches of the same fed loop: mean thread CPU per batch of"
-        " `next()` and of the draws in it (medians over rounds, us).",
-        table(["batch", "`next()`, reserve", "`next()`, each drawn alone", "draws, reserve", "draws, each alone"],
-              reserve_rows),
+        f" {2 * args.rounds} alternating rounds of 300 steps of the same fed loop: the mean thread CPU per batch of the"
+        " draws and of `next()` (medians over rounds, us); the median over rounds of each round's difference in"
+        " `next()` (reserve less each drawn alone) and of the ratio of the loop's steps/s (reserve over each drawn"
+        " alone). The loop's rate moves by a few percent from one window to the next on this machine: a"
+        " difference of a few tens of microseconds in a 2 ms step lies within it.",
+        table(["batch", "draws, reserve", "draws, each alone", "`next()`, reserve", "`next()`, each alone",
+               "`next()` difference", "loop rate ratio"], reserve_rows),
         f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
     ])
     print(body)
