@@ -270,7 +270,7 @@ def main() -> None:
         " range is wide, the machine's speed changed between windows, and only ratios of neighbouring windows"
         " (the tables' medians of per-round figures) carry meaning.",
         "The reader's reserve (a uniform reader's iterators take their draws from a run of draws made at once:"
-        " after a learner's step only the run's first draw finds the caches cold) on and off, in"
+        " after a learner's step the draws of a run after the first find the caches warm) on and off, in"
         f" {2 * args.rounds} alternating rounds of 300 steps of the same fed loop: the mean thread CPU per batch of the"
         " draws and of `next()` (medians over rounds, us); the median over rounds of each round's difference in"
         " `next()` (reserve less each drawn alone) and of the ratio of the loop's steps/s (reserve over each drawn"

@@ -13,8 +13,8 @@ between two batches (its index changes only when it moves to a newer commit),
 so a run of draws made at once gives the ids, slots and plans the same draws
 made one at a time would. Why: a learner's step between two batches leaves
 the caches cold, and each draw made alone pays for that on the learner's
-thread; in a run only the first does (BENCHMARKS.md "Device feed on the
-CPU"). The reserve is invisible: the batches not yet taken from it are not
+thread; in a run the draws after the first find the code and tables the first
+brought back (BENCHMARKS.md "Where the CPU feed's `next()` goes"). The reserve is invisible: the batches not yet taken from it are not
 drawn as far as anything else can tell. Every other use of the RNG (a
 ``sample()``, a sequence, a new iterator, a discard, the end of the
 iterators) first rewinds the RNG to before them and forgets them
@@ -67,7 +67,7 @@ class DrawState:
         self._pool: ThreadPoolExecutor | None = None
         self._reserving = reserve
         self._reserve: deque[DrawnBatch] = deque()  # drawn, not yet taken by an iterator (oldest first)
-        self._reserve_key: tuple[Any, ...] = ()  # what the reserve's draws depend on (``_reserve_for``)
+        self._reserve_key: tuple[Any, ...] = ()  # what the reserve's draws depend on (``_from_reserve``)
         self._reserve_size = self.RESERVE
 
     def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
