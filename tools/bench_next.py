@@ -22,6 +22,7 @@ Writes the ``next`` section of BENCHMARKS.md.
 
     python tools/bench_next.py                  # ~3 min
     python tools/bench_next.py --rounds 2 --no-write
+    python tools/bench_next.py --only-reserve --rounds 12   # the reserve's windows alone, printed
 """
 
 from __future__ import annotations
@@ -197,6 +198,16 @@ def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int
     return out
 
 
+def reserve_row(store: mr.ReplayStore, b: int, learner: Learner, rounds: int) -> list[str]:
+    """The reserve table's row of batch size ``b`` (``reserve_windows`` over ``rounds`` rounds)."""
+    res = reserve_windows(store, b, learner, rounds, 300)
+    print(f"B={b}: reserve on {res[True]}, off {res[False]}", flush=True)
+    on, off = res[True], res[False]
+    return ([str(b)] + [f"{statistics.median(x[k]):.0f}" for k in ("draws", "next") for x in (on, off)]
+            + [f"{statistics.median(a - c for a, c in zip(on['next'], off['next'], strict=True)):+.0f}",
+               f"{statistics.median(a / c for a, c in zip(on['rate'], off['rate'], strict=True)):.3f}"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--capacity", type=int, default=50_000)
@@ -205,6 +216,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2000, help="batches timed for the parts of next()")
     ap.add_argument("--learner-ms", type=float, default=2.0)
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--only-reserve", action="store_true",
+                    help="the reserve's windows alone (2 x --rounds rounds), printed, not written")
     args = ap.parse_args()
     sizes = args.batch or [32, 256]
     torch.set_num_threads(1)
@@ -222,6 +235,9 @@ def main() -> None:
         learner = Learner(args.learner_ms / 1000)
         part_rows, effect_rows, reserve_rows, spread = [], [], [], []
         for b in sizes:
+            if args.only_reserve:
+                reserve_rows.append(reserve_row(store, b, learner, 2 * args.rounds))
+                continue
             med, plain, wrapped = parts_of_next(store, b, learner, args.batches)
             print(f"B={b}: next() {plain:.0f} us, wrapped {wrapped:.0f}, " + ", ".join(f"{p} {v:.1f}" for p, v in med.items()),
                   flush=True)
@@ -234,17 +250,17 @@ def main() -> None:
             spread.append(f"{min(base):.0f}-{max(base):.0f} us (B={b})")
             effect_rows.append([str(b), f"{statistics.median(base):.0f}"]
                                + [f"{ratio[k]:.3f}" for k in eff if k != "nothing"])
-            res = reserve_windows(store, b, learner, 2 * args.rounds, 300)
-            print(f"B={b}: reserve on {res[True]}, off {res[False]}", flush=True)
-            on, off = res[True], res[False]
-            reserve_rows.append(
-                [str(b)] + [f"{statistics.median(x[k]):.0f}" for k in ("draws", "next") for x in (on, off)]
-                + [f"{statistics.median(a - c for a, c in zip(on['next'], off['next'], strict=True)):+.0f}",
-                   f"{statistics.median(a / c for a, c in zip(on['rate'], off['rate'], strict=True)):.3f}"])
+            reserve_rows.append(reserve_row(store, b, learner, 2 * args.rounds))
         store.close()
         alone_store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    reserve_table = table(["batch", "draws, reserve", "draws, each alone", "`next()`, reserve",
+                           "`next()`, each alone", "`next()` difference", "loop rate ratio"], reserve_rows)
+    if args.only_reserve:
+        print(reserve_table)
+        print(f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
+        return
     body = "\n\n".join([
         "### Where the CPU feed's `next()` goes",
         f"`device_batches(store, B, \"cpu\", prefetch=2)` fed to the stand-in learner of \"Device feed on the CPU\""
@@ -276,8 +292,7 @@ def main() -> None:
         " `next()` (reserve less each drawn alone) and of the ratio of the loop's steps/s (reserve over each drawn"
         " alone). The loop's rate moves by a few percent from one window to the next on this machine: a"
         " difference of a few tens of microseconds in a 2 ms step lies within it.",
-        table(["batch", "draws, reserve", "draws, each alone", "`next()`, reserve", "`next()`, each alone",
-               "`next()` difference", "loop rate ratio"], reserve_rows),
+        reserve_table,
         f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
     ])
     print(body)
