@@ -183,7 +183,7 @@ class ReplayStore:
         self._read_ahead = read_ahead
         self._events = _RingEvents(self)
         self._durable = Durability(path, schema, manifest)
-        self._draw_state = DrawState(manifest, seed, reserve=mode == "r")
+        self._draw_state = DrawState(manifest, seed)
         self._resources = _Resources()
         self._resources.draw_state, self._resources.lock_fd = self._draw_state, lock_fd
         self._release = weakref.finalize(self, self._resources.release)

@@ -20,7 +20,6 @@ Writes the ``feed`` section of BENCHMARKS.md.
     python tools/bench_feed.py --capacity 20000 --rounds 2 --seconds 1 --no-write
     python tools/bench_feed.py --baseline ../old    # also the feed of another checkout, same windows
     python tools/bench_feed.py --unsteered          # also this feed with its helpers left to the scheduler
-    python tools/bench_feed.py --drawn-alone        # also this feed drawing each batch on its own
 
 ``--baseline DIR`` loads ``DIR``'s ``mmreplay/torch.py`` and ``mmreplay/reading/prefetch.py`` (an earlier
 commit's feed and prefetching iterator; the rest of the package is this checkout's) and measures its feed in
@@ -187,23 +186,6 @@ class _Unsteered:
             self._helpers._off = -1  # (steered again at the next post)
 
 
-class _DrawnAlone:
-    """``device_batches`` with each batch drawn on its own in ``next()``, as a writer's are: the reader's
-    reserve (``DrawState``: a run of draws at once) off while it lives."""
-
-    def __init__(self, store: mr.ReplayStore, *args: Any, **kwargs: Any) -> None:
-        self._draws = store._draw_state  # (the store's RNG and its draws)
-        self._draws._reserving = False
-        self._it = device_batches(store, *args, **kwargs)
-
-    def __next__(self) -> Any:
-        return next(self._it)
-
-    def close(self) -> None:
-        self._it.close()
-        self._draws._reserving = True
-
-
 class _MetaCopier(Copier):
     """A copier to PyTorch's meta device: every call a GPU feed makes on the host, no bytes moved (the host side
     of a feed to a GPU, on a machine without one)."""
@@ -355,16 +337,12 @@ def main() -> None:
     ap.add_argument("--baseline", metavar="DIR", help="also measure the feed of the checkout at DIR")
     ap.add_argument("--unsteered", action="store_true",
                     help="as the baseline: this feed with the helpers placed by the scheduler alone")
-    ap.add_argument("--drawn-alone", action="store_true",
-                    help="as the baseline: this feed drawing each batch on its own (no reserve)")
     args = ap.parse_args()
-    if sum(map(bool, (args.baseline, args.unsteered, args.drawn_alone))) > 1:
-        ap.error("--baseline, --unsteered and --drawn-alone each name the baseline: pass one")
+    if args.baseline and args.unsteered:
+        ap.error("--baseline and --unsteered both name the baseline: pass one")
     baseline: Any = baseline_feed(os.path.abspath(args.baseline)) if args.baseline else None
     if args.unsteered:
         baseline = _Unsteered
-    if args.drawn_alone:
-        baseline = _DrawnAlone
     sizes = args.batch or [32, 256]
     load0 = os.getloadavg()[0]
     torch.set_num_threads(1)  # the learner's tiny ops: no intra-op pool
@@ -454,9 +432,7 @@ def main() -> None:
            if args.baseline else "")
         + ("\n\nfeed (baseline): this feed with the reader's helper threads placed by the system's scheduler"
            " alone, not kept off the CPU of the thread that posts their reads (the learner's), in the same windows."
-           if args.unsteered else "")
-        + ("\n\nfeed (baseline): this feed with each batch drawn on its own in `next()`, as a writer's are (the"
-           " reader's reserve off: no run of draws at once), in the same windows." if args.drawn_alone else ""),
+           if args.unsteered else ""),
         f"The learner alone, and beside another process copying 14 MB buffers in a loop on the other core (what"
         f" the reading of a B=256 batch each step puts on the memory the cores share), alternating: {copy_alone:.0f}"
         f" and {copy_beside:.0f} updates/s ({copy_beside / copy_alone:.2f}).",

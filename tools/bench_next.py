@@ -13,16 +13,12 @@ its next step.
    the same stacks from an in-RAM array (what an in-RAM buffer does); and touching 4 MiB of memory (the
    caches emptied, no other work). The ratio to "nothing" is how much slower the learner's own Python runs
    after each.
-3. The reader's reserve (``DrawState``: a run of draws at once for the iterators of a uniform reader) on and
-   off, in alternating windows of the same fed loop: the mean thread CPU of ``next()`` and of the draws per
-   batch (a run's draws spread over the batches it serves).
 
 Store: the repository's real Atari episodes, capacity 50,000, stack 4, n-step 3, compressed (the default).
 Writes the ``next`` section of BENCHMARKS.md.
 
     python tools/bench_next.py                  # ~3 min
     python tools/bench_next.py --rounds 2 --no-write
-    python tools/bench_next.py --only-reserve --rounds 12   # the reserve's windows alone, printed
 """
 
 from __future__ import annotations
@@ -154,60 +150,6 @@ def after_effects(store: mr.ReplayStore, alone_store: mr.ReplayStore, b: int, le
     return out
 
 
-def reserve_windows(store: mr.ReplayStore, b: int, learner: Learner, rounds: int, n: int
-                    ) -> dict[bool, dict[str, list[float]]]:
-    """Per window, with the reserve on (True) and off, over ``n`` batches of the fed loop after a warm-up:
-    ``next`` and ``draws``, the mean thread CPU (us) of ``next()`` and of the draws in it per batch, and
-    ``rate``, the loop's steps per second."""
-    draws = store._draw_state  # (the store's RNG and its draws)
-    spent: list[int] = []
-    draw = store._draw
-
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        c0 = time.thread_time_ns()
-        try:
-            return draw(*args, **kwargs)
-        finally:
-            spent.append(time.thread_time_ns() - c0)
-
-    out: dict[bool, dict[str, list[float]]] = {on: {"next": [], "draws": [], "rate": []} for on in (True, False)}
-    store._draw = timed  # type: ignore[method-assign]
-    try:
-        for r in range(rounds):
-            for on in ((True, False) if r % 2 == 0 else (False, True)):
-                draws._reserving = on
-                it = device_batches(store, b, "cpu", prefetch=2)
-                for _ in range(10):
-                    learner.update(next(it))
-                spent.clear()
-                cpu = 0
-                t0 = time.perf_counter()
-                for _ in range(n):
-                    learner.update(None)
-                    c0 = time.thread_time_ns()
-                    next(it)
-                    cpu += time.thread_time_ns() - c0
-                rate = n / (time.perf_counter() - t0)
-                it.close()
-                out[on]["next"].append(cpu / n / 1e3)
-                out[on]["draws"].append(sum(spent) / n / 1e3)
-                out[on]["rate"].append(rate)
-    finally:
-        del store._draw
-        draws._reserving = True
-    return out
-
-
-def reserve_row(store: mr.ReplayStore, b: int, learner: Learner, rounds: int) -> list[str]:
-    """The reserve table's row of batch size ``b`` (``reserve_windows`` over ``rounds`` rounds)."""
-    res = reserve_windows(store, b, learner, rounds, 300)
-    print(f"B={b}: reserve on {res[True]}, off {res[False]}", flush=True)
-    on, off = res[True], res[False]
-    return ([str(b)] + [f"{statistics.median(x[k]):.0f}" for k in ("draws", "next") for x in (on, off)]
-            + [f"{statistics.median(a - c for a, c in zip(on['next'], off['next'], strict=True)):+.0f}",
-               f"{statistics.median(a / c for a, c in zip(on['rate'], off['rate'], strict=True)):.3f}"])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--capacity", type=int, default=50_000)
@@ -216,8 +158,6 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=2000, help="batches timed for the parts of next()")
     ap.add_argument("--learner-ms", type=float, default=2.0)
     ap.add_argument("--no-write", action="store_true")
-    ap.add_argument("--only-reserve", action="store_true",
-                    help="the reserve's windows alone (2 x --rounds rounds), printed, not written")
     args = ap.parse_args()
     sizes = args.batch or [32, 256]
     torch.set_num_threads(1)
@@ -233,11 +173,8 @@ def main() -> None:
         store = mr.ReplayStore.open(path, "r", seed=0)
         alone_store = mr.ReplayStore.open(path, "r", seed=0, read_threads=1)
         learner = Learner(args.learner_ms / 1000)
-        part_rows, effect_rows, reserve_rows, spread = [], [], [], []
+        part_rows, effect_rows, spread = [], [], []
         for b in sizes:
-            if args.only_reserve:
-                reserve_rows.append(reserve_row(store, b, learner, 2 * args.rounds))
-                continue
             med, plain, wrapped = parts_of_next(store, b, learner, args.batches)
             print(f"B={b}: next() {plain:.0f} us, wrapped {wrapped:.0f}, " + ", ".join(f"{p} {v:.1f}" for p, v in med.items()),
                   flush=True)
@@ -250,17 +187,10 @@ def main() -> None:
             spread.append(f"{min(base):.0f}-{max(base):.0f} us (B={b})")
             effect_rows.append([str(b), f"{statistics.median(base):.0f}"]
                                + [f"{ratio[k]:.3f}" for k in eff if k != "nothing"])
-            reserve_rows.append(reserve_row(store, b, learner, 2 * args.rounds))
         store.close()
         alone_store.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    reserve_table = table(["batch", "draws, reserve", "draws, each alone", "`next()`, reserve",
-                           "`next()`, each alone", "`next()` difference", "loop rate ratio"], reserve_rows)
-    if args.only_reserve:
-        print(reserve_table)
-        print(f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.")
-        return
     body = "\n\n".join([
         "### Where the CPU feed's `next()` goes",
         f"`device_batches(store, B, \"cpu\", prefetch=2)` fed to the stand-in learner of \"Device feed on the CPU\""
@@ -268,8 +198,7 @@ def main() -> None:
         f" {args.capacity:,}, stack 4, n-step 3, compressed. Median microseconds after a learner's step, over"
         f" {args.batches:,} batches: `next()` unwrapped (a pass of its own), then in a second pass `next()` with each"
         " part timed by wrapping the call that makes it"
-        " (the draw of batch i+2, of which the uniform draw and the plan: medians, so for this reader mostly a batch taken"
-        " from the reserve's run, whose cost per batch the last table gives; joining batch i's frames and assembling it,"
+        " (the draw of batch i+2, of which the uniform draw and the plan; joining batch i's frames and assembling it,"
         " less the post's median;"
         " posting batch i+1's frames to the reader's helper threads, of which the native post, mostly the system call"
         " that wakes the parked helper; the tensors). The two passes run minutes apart: on a shared machine their"
@@ -285,14 +214,6 @@ def main() -> None:
         "Over the rounds the learner's update after nothing took " + " and ".join(spread) + ": where the"
         " range is wide, the machine's speed changed between windows, and only ratios of neighbouring windows"
         " (the tables' medians of per-round figures) carry meaning.",
-        "The reader's reserve (a uniform reader's iterators take their draws from a run of draws made at once:"
-        " after a learner's step the draws of a run after the first find the caches warm) on and off, in"
-        f" {2 * args.rounds} alternating rounds of 300 steps of the same fed loop: the mean thread CPU per batch of the"
-        " draws and of `next()` (medians over rounds, us); the median over rounds of each round's difference in"
-        " `next()` (reserve less each drawn alone) and of the ratio of the loop's steps/s (reserve over each drawn"
-        " alone). The loop's rate moves by a few percent from one window to the next on this machine: a"
-        " difference of a few tens of microseconds in a 2 ms step lies within it.",
-        reserve_table,
         f"Load average (1 min) {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end.",
     ])
     print(body)

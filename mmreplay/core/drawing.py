@@ -6,30 +6,11 @@ loop of ``sample()`` calls would advance it. Prefetching iterators
 (``store.batches``) draw ahead; their drawn-but-not-handed-out batches are part
 of the state a commit records (FORMAT.md "Sampling state"), so a resumed
 ``batches()`` hands out the same batches.
-
-The reserve. A reader (``mode="r"``) sampling uniformly draws its iterators'
-batches several at a time: nothing in its process changes what may be drawn
-between two batches (its index changes only when it moves to a newer commit),
-so a run of draws made at once gives the ids, slots and plans the same draws
-made one at a time would. Why: a learner's step between two batches leaves
-the caches cold, and each draw made alone pays for that on the learner's
-thread; in a run the draws after the first find the code and tables the first
-brought back (BENCHMARKS.md "Where the CPU feed's `next()` goes"). The reserve is invisible: the batches not yet taken from it are not
-drawn as far as anything else can tell. Every other use of the RNG (a
-``sample()``, a sequence, a new iterator, a discard, the end of the
-iterators) first rewinds the RNG to before them and forgets them
-(``_unwind``), and ``state``/``rng_now`` report the RNG as of before them. A
-reserve drawn for an index that is no longer the store's (a reader moved to a
-newer commit) or that has changed is forgotten the same way. Where a reserve
-is forgotten with batches left, the next one is half as long (a caller that
-mixes ``sample()`` with an iterator's batches wastes few draws); one used up
-makes the next twice as long, up to ``RESERVE``.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -48,12 +29,9 @@ T = TypeVar("T")
 
 
 class DrawState:
-    """RNG, draw counter and live prefetching iterators of one open store. ``reserve``: draw the iterators'
-    uniform batches several at a time (a reader's store: see the module's "The reserve")."""
+    """RNG, draw counter and live prefetching iterators of one open store."""
 
-    RESERVE = 16  # the most batches a reserve holds (a run of draws: the first one pays for the cold caches)
-
-    def __init__(self, manifest: dict[str, Any], seed: int | None, reserve: bool = False) -> None:
+    def __init__(self, manifest: dict[str, Any], seed: int | None) -> None:
         self.rng = np.random.default_rng(seed)
         if seed is None:
             self.rng.bit_generator.state = manifest["rng"]
@@ -65,18 +43,11 @@ class DrawState:
         self._count = 0  # draws made (orders the pending draws of several iterators)
         self._iterators: weakref.WeakSet[BatchIterator[Any]] = weakref.WeakSet()
         self._pool: ThreadPoolExecutor | None = None
-        self._reserving = reserve
-        self._reserve: deque[DrawnBatch] = deque()  # drawn, not yet taken by an iterator (oldest first)
-        self._reserve_key: tuple[Any, ...] = ()  # what the reserve's draws depend on (``_from_reserve``)
-        self._reserve_size = self.RESERVE
 
     def draw(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None,
              plan_now: bool = False) -> DrawnBatch:
         """Choose a batch's ids (and weights). With ``plan_now``, also fix its row arithmetic now (for a copy
         made later in another thread) and remember the RNG state before it (for ``state``)."""
-        if plan_now and self._reserving and replace and beta is None and sampler.prioritized is None:
-            return self._from_reserve(sampler, index, batch_size)
-        self._unwind()
         before = self._state_now() if plan_now else {}
         ids, weight, slots = self.draw_now(sampler, index, batch_size, replace, beta)
         return DrawnBatch(ids, weight, before, self._count, index.plan(slots) if plan_now else None, slots=slots)
@@ -84,7 +55,6 @@ class DrawState:
     def draw_now(self, sampler: Sampler, index: Index, batch_size: int, replace: bool, beta: float | None
                  ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """``draw`` for a batch assembled at once (``sample()``): ``(ids, weight, slots)``, the same draw."""
-        self._unwind()
         self._count += 1
         ids, weight, slots = sampler.draw(self.rng, batch_size, replace, beta)
         return ids, weight, index.slots_of(ids) if slots is None else slots
@@ -97,7 +67,6 @@ class DrawState:
         ``length`` steps in their episode (``Sampler.draw_where``). A strict draw that finds no such start
         raises ``NotSampleableError`` and leaves the RNG as it was.
         """
-        self._unwind()
         before = self._state_now()
         if strict:
             got = sampler.draw_where(self.rng, batch_size, lambda slots: index.sequence_fits(slots, length), beta,
@@ -125,7 +94,6 @@ class DrawState:
         ``handout(rows)`` runs before each batch is handed out (the rate limit); ``post(draw)`` starts
         reading a draw's frames in the reader's helper thread, and ``assemble(draw, posted, then)`` finishes
         such a draw (``BatchIterator``); ``guard`` (the store's lock) is held by each ``next()``."""
-        self._unwind()
         pending: list[DrawnBatch] = []
         if (self._resume_draws and all(d.kind == kind for d in self._resume_draws)
                 and index.ids_valid(np.concatenate([d.ids for d in self._resume_draws])).all()):
@@ -143,44 +111,6 @@ class DrawState:
         self._iterators.add(it)
         return it
 
-    def _from_reserve(self, sampler: Sampler, index: Index, batch_size: int) -> DrawnBatch:
-        """``draw(plan_now=True)`` of a uniform batch with replacement, taken from the reserve (drawn first
-        when it is empty or was drawn for another index, another state of it or another batch size)."""
-        key = (sampler, index, batch_size, index.oldest_id, index.next_id, index.n_valid)
-        if self._reserve and not _same(key, self._reserve_key):
-            self._unwind()
-        if not self._reserve:
-            self._reserve_key = key
-            for _ in range(self._reserve_size):
-                before = self._state_now()
-                try:
-                    ids, weight, slots = sampler.draw(self.rng, batch_size, True, None)
-                except Exception:
-                    if not self._reserve:
-                        raise  # (as a draw made alone would, the RNG untouched: nothing is drawn before it)
-                    self.rng.bit_generator.state = self.rng_state(before)
-                    break
-                slots = index.slots_of(ids) if slots is None else slots
-                self._reserve.append(DrawnBatch(ids, weight, before, 0, index.plan(slots), slots=slots))
-        d = self._reserve.popleft()
-        if not self._reserve:
-            self._reserve_size = min(2 * self._reserve_size, self.RESERVE)
-        self._count += 1
-        d.order = self._count
-        return d
-
-    def _unwind(self) -> None:
-        """Forget the reserve's batches and rewind the RNG to before the first of them: as if never drawn."""
-        if self._reserve:
-            self.rng.bit_generator.state = self.rng_state(self._reserve[0].rng_before)
-            self._reserve.clear()
-            self._reserve_size = max(1, self._reserve_size // 2)
-
-    def rng_now(self) -> dict[str, Any]:
-        """The RNG's state (NumPy's ``bit_generator.state``) as of the batches drawn so far, the reserve's
-        not counted."""
-        return self.rng_state(self._reserve[0].rng_before) if self._reserve else dict(self.rng.bit_generator.state)
-
     def _state_now(self) -> dict[str, Any] | bytes:
         return self._pcg.snapshot() if self._pcg is not None else dict(self.rng.bit_generator.state)
 
@@ -194,14 +124,14 @@ class DrawState:
         batches drawn by live iterators but not handed out (with the RNG state after them)."""
         pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
         if not pending:
-            return {"rng": self.rng_now(), "pending_draws": None}
+            return {"rng": self.rng.bit_generator.state, "pending_draws": None}
         if len({d.kind for d in pending}) > 1 or not index.ids_valid(np.concatenate([d.ids for d in pending])).all():
             # Rows drawn before a retirement evicted them cannot be handed out again after a resume, nor
             # can draws of several kinds (one resumed iterator takes them all): record the rule's state
             # only (the resumed run re-draws from the last batch handed out).
             return {"rng": self.rng_state(pending[0].rng_before), "pending_draws": None}
         entry: dict[str, Any] = {
-            "rng_after": self.rng_now(),
+            "rng_after": self.rng.bit_generator.state,
             "ids": [d.ids.tolist() for d in pending],
             "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}
         if pending[0].length:
@@ -213,7 +143,6 @@ class DrawState:
         """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
         and rewind the RNG to before the first of them: the batches handed out next are those repeated
         ``sample()`` calls would give from here."""
-        self._unwind()
         self._resume_draws, self._resume_rng = [], {}
         pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
         if not pending:
@@ -229,7 +158,6 @@ class DrawState:
 
     def end_iterators(self) -> None:
         """End every live iterator (a reader moving to a newer commit, or closing)."""
-        self._unwind()
         for it in list(self._iterators):
             it.close()
 
@@ -251,11 +179,6 @@ class DrawState:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
-
-
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Whether two reserve keys match: the same sampler and index (the objects), the same counts."""
-    return len(a) == len(b) and a[0] is b[0] and a[1] is b[1] and a[2:] == b[2:]
 
 
 def _head_json(head: Any) -> Any:

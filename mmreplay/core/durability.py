@@ -60,7 +60,7 @@ class CommittedParts:
         out: dict[str, Any] = {"ring_positions": log.ring.positions, "chunks": len(log.chunks),
                                "rows": log.rows.tolist(), "holes": log.holes(),
                                "compressed_chunks": sorted(log.ring.compressed),
-                               "rng": self.draw_state.rng_now()}
+                               "rng": self.draw_state.rng.bit_generator.state}
         if self.limiter is not None:
             out["rate_limit"] = self.limiter.counts()
         if prio is not None:

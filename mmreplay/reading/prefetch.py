@@ -6,8 +6,7 @@ weights for prioritized stores) in the caller's thread at the moment batch
 or in the caller's. So the RNG is consumed in exactly the order of repeated
 ``sample()`` calls, and a priority update made after receiving batch ``i``
 first affects batch ``i+p+1``. With no priority updates the batches equal
-repeated ``sample()``. (A reader sampling uniformly takes its draws from a
-run drawn at once, ``DrawState``'s reserve, with the same outcome.)
+repeated ``sample()``.
 
 Who copies. A drawn batch is a job that the store's prefetch thread or the
 caller's thread runs, whichever claims it first, oldest first:

@@ -85,21 +85,6 @@ def sampler(store: mr.ReplayStore) -> Any:
     return store._parts.sampler
 
 
-def without_reserve(store: mr.ReplayStore) -> None:
-    """From now on the store draws every batch of its iterators on its own (``DrawState``'s reserve off)."""
-    store._draw_state._reserving = False
-
-
-def reserved(store: mr.ReplayStore) -> int:
-    """How many batches the store's reserve holds (drawn for its iterators, not yet taken)."""
-    return len(store._draw_state._reserve)
-
-
-def sampling_state(store: mr.ReplayStore) -> dict[str, Any]:
-    """What a commit of the store would record of its sampling: ``rng`` and ``pending_draws``."""
-    return store._draw_state.state(store._index)
-
-
 def discounts(store: mr.ReplayStore) -> np.ndarray:
     """The store's table of ``gamma ** k`` the batch plan uses for n-step returns."""
     return store._discounts
