@@ -107,7 +107,9 @@ def test_the_two_commands_and_the_extras():
     lines = [x.strip() for x in re.findall(r"```bash\n(.*?)```", commands.group(1), re.S)[0].splitlines()
              if x.strip() and not x.strip().startswith("#")]
     assert lines == ["python -m pip install . && mmreplay demo",
-                     'python -m pip install -e ".[ci]" && python -m pytest -q']  # the full suite
+                     'python -m pip install -e ".[ci]" && python -m pytest -q -n 2 --dist loadfile']  # the full suite
+    with open(os.path.join(ROOT, ".ci", "run")) as f:  # CI runs the README's test command
+        assert "\npython -m pytest -q -n 2 --dist loadfile\n" in f.read()
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     for extra in ("gym", "atari", "torch", "image", "minari", "ci"):
