@@ -5,6 +5,7 @@ removes what it makes), and prints what it says; the install and command section
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -58,12 +59,11 @@ def test_every_python_block_runs_on_its_own_in_an_empty_directory(tmp_path):
                 require(module)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
                PYTHONHASHSEED="0")  # this checkout's mmreplay, whatever is installed
-    runs = [(i, heading, code) for i, (heading, code) in enumerate(blocks)
+    runs = [(tmp_path / f"block{i}", heading, code) for i, (heading, code) in enumerate(blocks)
             if not any(re.search(rf"^\s*(import|from) {re.escape(name)}\b", code, re.M) and not _installed(module)
                        for name, module in ONLY_WITH.items())]
 
-    def run(i: int, code: str) -> subprocess.CompletedProcess[str]:
-        where = tmp_path / f"block{i}"
+    def run(where: pathlib.Path, code: str) -> subprocess.CompletedProcess[str]:
         where.mkdir()
         return subprocess.run([sys.executable, "-c", code], cwd=where, env=env, capture_output=True, text=True,
                               timeout=600)
@@ -72,9 +72,9 @@ def test_every_python_block_runs_on_its_own_in_an_empty_directory(tmp_path):
     with ThreadPoolExecutor(max(1, min(2, len(os.sched_getaffinity(0))))) as pool:
         done_all = list(pool.map(lambda r: run(r[0], r[2]), runs))
     outputs = {}
-    for (i, heading, code), done in zip(runs, done_all, strict=True):
+    for (where, heading, code), done in zip(runs, done_all, strict=True):
         assert done.returncode == 0, f"README block under '## {heading}' failed:\n{code}\n{done.stderr[-3000:]}"
-        left = sorted(p.name for p in (tmp_path / f"block{i}").iterdir())
+        left = sorted(p.name for p in where.iterdir())
         assert not left, f"README block under '## {heading}' leaves {left} behind: remove what it makes"
         outputs[heading] = done.stdout
     # what the blocks say they do, they did
