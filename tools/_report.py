@@ -1,5 +1,5 @@
 """Write a benchmark's section into BENCHMARKS.md (between markers, replacing the previous run); the repository's
-Atari frames the benchmarks read."""
+Atari frames the benchmarks read, and the store they fill with them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import platform
 import re
 import shlex
 import sys
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +62,17 @@ def atari_pool() -> np.ndarray:
     """The frames of the repository's recorded Atari games (tests/data/atari), end to end."""
     games = ("pong", "breakout", "seaquest", "mspacman")
     return np.concatenate([np.load(os.path.join(ROOT, "tests", "data", "atari", g + ".npz"))["frames"] for g in games])
+
+
+def fill_reference(path: str, capacity: int, pool: np.ndarray | None = None, **create: Any) -> None:
+    """Create the benchmarks' store at ``path``: the repository's Atari episodes (``pool``, default
+    ``atari_pool()``) cycled into episodes by ``mmreplay.bench.fill``, 84x84 frames, stack 4, n-step 3, filled to
+    1.1x ``capacity`` (the ring has wrapped); ``create``: more ``ReplayStore.create`` options."""
+    import mmreplay as mr
+    from mmreplay.bench import fill
+
+    with mr.ReplayStore.create(path, capacity=capacity, obs_shape=(84, 84), stack=4, n_step=3, **create) as w:
+        fill(w, int(capacity * 1.1), atari_pool() if pool is None else pool)
 
 
 def settle() -> None:

@@ -43,10 +43,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import atari_pool, settle, table, write_section  # noqa: E402
+from _report import atari_pool, fill_reference, settle, table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import Copier, DeviceBatches, device_batches, to_tensors  # noqa: E402
 
 STEPS = 100  # Python steps per update, each followed by one tiny torch op
@@ -351,9 +350,8 @@ def main() -> None:
     try:
         path = os.path.join(tmp, "store")
         steps = int(args.capacity * 1.1)
-        with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
-            log(f"filling {steps:,} steps")
-            fill(w, steps, pool)
+        log(f"filling {steps:,} steps")
+        fill_reference(path, args.capacity, pool)
         settle()
         store = mr.ReplayStore.open(path, "r", seed=0)
         learner = Learner(args.learner_ms / 1000)

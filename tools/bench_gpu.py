@@ -41,11 +41,10 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import table, write_section  # noqa: E402
+from _report import fill_reference, table, write_section  # noqa: E402
 from bench_feed import atari_pool, log  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import TensorBatch, device_batches, to_tensors  # noqa: E402
 
 WAYS = ("alone", "on-device", "sample", "batches2", "feed", "feed-hs", "feed-only")
@@ -207,8 +206,7 @@ def main() -> None:
             path = os.path.join(tmp, "store")
             steps = int(args.capacity * 1.1)
             log(f"filling {steps:,} steps")
-            with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
-                fill(w, steps, pool)
+            fill_reference(path, args.capacity, pool)
         rows = []
         with mr.ReplayStore.open(path, "r", seed=0) as store:
             for b in sizes:

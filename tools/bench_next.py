@@ -37,12 +37,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import atari_pool, settle, table, write_section  # noqa: E402
+from _report import atari_pool, fill_reference, settle, table, write_section  # noqa: E402
 from bench_feed import Learner  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
 import mmreplay.native.crew as crew_module  # noqa: E402
-from mmreplay.bench import fill  # noqa: E402
 from mmreplay.torch import device_batches  # noqa: E402
 
 PARTS = ("draw", "uniform draw", "plan", "join and assemble", "post", "native post", "tensors")
@@ -167,8 +166,7 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="bench_next_")
     try:
         path = os.path.join(tmp, "store")
-        with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
-            fill(w, int(args.capacity * 1.1), pool)
+        fill_reference(path, args.capacity, pool)
         settle()
         store = mr.ReplayStore.open(path, "r", seed=0)
         alone_store = mr.ReplayStore.open(path, "r", seed=0, read_threads=1)

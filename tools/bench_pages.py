@@ -26,10 +26,9 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _report import atari_pool, table, write_section  # noqa: E402
+from _report import fill_reference, table, write_section  # noqa: E402
 
 import mmreplay as mr  # noqa: E402
-from mmreplay.bench import fill  # noqa: E402
 from mmreplay.native import lz4  # noqa: E402
 from mmreplay.native.codes import KIND_RAW  # noqa: E402
 
@@ -73,9 +72,7 @@ def main() -> None:
     rows = []
     try:
         path = os.path.join(tmp, "store")
-        with mr.ReplayStore.create(path, capacity=args.capacity, obs_shape=(84, 84), stack=4, n_step=3,
-                                   compression=None) as w:
-            fill(w, int(args.capacity * 1.1), atari_pool())
+        fill_reference(path, args.capacity, compression=None)
         with mr.ReplayStore.open(path, "r", seed=0, read_threads=1) as st:
             reader, index = st._reader, st._index
             kernel_args = list(reader._kernel_args())

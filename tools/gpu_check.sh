@@ -40,12 +40,8 @@ store=$(mktemp -d)/store
 step fill python3 -c "
 import sys
 sys.path.insert(0, 'tools')
-import mmreplay as mr
-from mmreplay.bench import fill
-from _report import atari_pool, settle
-capacity = int(sys.argv[2])
-with mr.ReplayStore.create(sys.argv[1], capacity=capacity, obs_shape=(84, 84), stack=4, n_step=3) as w:
-    fill(w, capacity * 11 // 10, atari_pool())
+from _report import fill_reference, settle
+fill_reference(sys.argv[1], int(sys.argv[2]))
 settle()
 " "$store" "$capacity"
 step bench_gpu python3 tools/bench_gpu.py --device "$device" --store "$store" --rounds 3 --seconds 3 --no-write
