@@ -66,7 +66,8 @@ def assert_batch(tb, want, fields=FIELDS):
 
 
 class LateCopier:
-    """A stand-in for ``CudaCopier`` on the CPU whose copies complete ``delay`` seconds after they start.
+    """A stand-in for ``CudaCopier`` on the CPU whose copies complete ``delay`` seconds after they start
+    (``delay=None``: only when waited for, however slow the machine, so the ring must wait to reuse a buffer).
 
     It copies at once (so the batches are right whatever the ring does) and checks what matters: when a copy
     completes, the host bytes it read are still as they were (nobody refilled the buffer meanwhile), and no
@@ -86,7 +87,8 @@ class LateCopier:
 
     def copy(self, host):
         dev = host.clone()
-        h = {"host": host, "bytes": dev.clone(), "at": time.monotonic() + self.delay, "done": False}
+        at = float("inf") if self.delay is None else time.monotonic() + self.delay
+        h = {"host": host, "bytes": dev.clone(), "at": at, "done": False}
         with self.lock:
             self.copies += 1
             old = self.in_flight.get(host.data_ptr())
@@ -109,13 +111,14 @@ class LateCopier:
     def done(self, h) -> bool:
         if self.always_done:
             return True  # a lie: the copy is still in flight
-        if time.monotonic() >= h["at"]:
+        if h["done"] or time.monotonic() >= h["at"]:
             self._finish(h)
             return True
         return False
 
     def wait(self, h) -> None:
-        time.sleep(max(0.0, h["at"] - time.monotonic()))
+        if self.delay is not None:
+            time.sleep(max(0.0, h["at"] - time.monotonic()))
         self._finish(h)
 
     def consume(self, handle, tensors) -> None:
@@ -352,10 +355,10 @@ def test_host_stacks_are_read_into_the_ring(torch, mt, atari_store, posted, sequ
 
 
 def test_buffers_are_not_refilled_while_copied(torch, mt, atari_store):
-    """A slow consumer and copies that complete 100 ms late: the prefetch thread fills the ring (5 buffers)
-    and has to wait for copies; none is ever refilled in flight, and the batches are still ``sample()``'s."""
+    """Copies that complete only when waited for: once the prefetch thread has used the ring's 5 buffers it
+    has to wait for copies; none is ever refilled in flight, and the batches are still ``sample()``'s."""
     with mr.ReplayStore.open(atari_store, "r", seed=2) as a, mr.ReplayStore.open(atari_store, "r", seed=2) as b:
-        copier = _late(mt, torch, delay=0.1)
+        copier = _late(mt, torch, delay=None)
         feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
         for _ in range(15):
             time.sleep(0.005)  # a learner's step: the prefetch thread assembles meanwhile
@@ -491,7 +494,7 @@ def test_the_check_catches_a_ring_that_does_not_wait(torch, mt, atari_store):
     """The test above can fail: a copier that claims completion at once lets the ring refill buffers whose
     (late) copies are still in flight, and the checks see it."""
     with mr.ReplayStore.open(atari_store, "r", seed=2) as b:
-        copier = _late(mt, torch, delay=0.5)
+        copier = _late(mt, torch, delay=None)
         copier.always_done = True
         feed = mt.DeviceBatches(b, 32, prefetch=1, copier=copier)
         for _ in range(6):
