@@ -30,6 +30,7 @@ class Recorder:
         self.fail = fail or set()
         self.gate = threading.Event()
         self.gate.set()
+        self.entered = threading.Event()  # a prefetch thread reached the gate
 
     def draw(self) -> DrawnBatch:
         d = DrawnBatch(np.array([self.drawn]), None, {}, self.drawn)
@@ -39,6 +40,7 @@ class Recorder:
     def assemble(self, d: DrawnBatch) -> Batch:
         i = int(d.ids[0])
         if threading.current_thread().name.startswith("prefetch"):
+            self.entered.set()
             self.gate.wait()  # a prefetch thread that is stuck (descheduled, slow disk) until the gate opens
         if self.delay:
             time.sleep(self.delay * ((i * 7919) % 5) / 4)
@@ -48,6 +50,14 @@ class Recorder:
         if i in self.fail:
             raise OSError(f"copy of batch {i} failed")
         return _batch(i)
+
+
+def _until(cond, what: str, timeout: float = 60.0) -> None:  # noqa: ANN001
+    """Wait for ``cond()`` (threads on a loaded machine get there late, never at a fixed time)."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
 
 
 @pytest.fixture
@@ -87,11 +97,11 @@ def test_on_cold_data_a_stuck_prefetch_thread_does_not_stop_the_caller(executor)
     it._cold = True  # as after a copy that read the disk (the stand-in copies read nothing)
     it.COLD_READS = 0  # and stays so
     it._fill()
-    time.sleep(0.05)  # the prefetch thread takes batch 0 and blocks
+    assert rec.entered.wait(60)  # the prefetch thread took batch 0 and is stuck in it
     done: list[int] = []
     t = threading.Thread(target=lambda: done.extend(int(next(it).index[0]) for _ in range(3)), name="learner")
     t.start()
-    t.join(0.5)
+    _until(lambda: len(rec.copied) == 3, "the learner's copies")
     assert t.is_alive() and done == []  # batch 0 is the stuck thread's: the learner waits for it...
     assert rec.copied == [1, 2, 3] and set(rec.threads) == {"learner"}  # ...having copied the others
     rec.gate.set()
@@ -113,12 +123,15 @@ def test_on_warm_data_the_caller_copies_its_batches_and_the_prefetch_thread_work
         next(it)
     ours = sum(name == threading.current_thread().name for name in rec.threads)
     assert ours >= 10
+    copied_before = set(rec.copied)
     rec.copied.clear()
     rec.threads.clear()
-    for _ in range(10):  # a learner step between batches: the prefetch thread has time to copy ahead
-        next(it)
-        time.sleep(0.02)
-    assert sum(name.startswith("prefetch") for name in rec.threads) >= 8
+    for _ in range(10):  # a learner step between batches, as long as the prefetch thread takes to copy ahead
+        ahead = int(next(it).index[0]) + 1
+        _until(lambda n=ahead: n in rec.copied or n in copied_before, f"batch {ahead}")
+    # every batch after the first (20) was copied while the caller was away: by the thread
+    by = dict(zip(rec.copied, rec.threads, strict=True))
+    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != 20)
     it.close()
 
 
@@ -147,10 +160,11 @@ def test_close_drops_unstarted_copies_and_waits_for_running_ones(executor):
     rec.gate.clear()
     it = BatchIterator(rec.draw, rec.assemble, executor, 4)
     it._fill()  # five drawn; the prefetch thread takes the oldest and is stuck in it
-    time.sleep(0.05)
+    assert rec.entered.wait(60)
     closer = threading.Thread(target=it.close)
     closer.start()
-    time.sleep(0.05)
+    _until(lambda: it._closed, "close()")
+    closer.join(0.05)
     assert closer.is_alive()  # waiting for the running copy
     rec.gate.set()
     closer.join(5.0)
@@ -202,13 +216,16 @@ def test_while_posting_starts_reads_the_prefetch_thread_leaves_a_learner_s_batch
     assert rec.joined == list(range(1, 15))  # every batch after the first, from its posted read
     assert rec.posted == list(range(1, 16))  # one read at a time: the next batch's, as each is handed out
     rec.accept = False
+    copied_before = set(rec.copied)
     rec.copied.clear()
     rec.threads.clear()
-    for _ in range(10):
+    for _ in range(10):  # away until the thread copied the next batch
         got.append(int(next(it).index[0]))
-        time.sleep(0.02)
+        _until(lambda: got[-1] + 1 in rec.copied or got[-1] + 1 in copied_before, f"batch {got[-1] + 1}")
     assert got == list(range(25))
-    assert sum(name.startswith("prefetch") for name in rec.threads) >= 7
+    # every batch after the first (posted before posts stopped) was copied while the caller was away: by the thread
+    by = dict(zip(rec.copied, rec.threads, strict=True))
+    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != 15)
     rec.accept = True  # posting again once a post starts a read: the thread steps aside
     for _ in range(6):
         got.append(int(next(it).index[0]))
