@@ -37,6 +37,23 @@ def cluster():
     ray.shutdown()
 
 
+def _wait_gone(pid: int, timeout: float = 60.0) -> None:
+    """Until process ``pid`` has exited (``ray.kill`` returns before the actor's process is gone, and the
+    process holds its store's writer lock until then)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rpartition(")")[2].split()[0] == "Z":
+                    return  # exited, not yet reaped: its locks are released
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline, f"process {pid} did not exit"
+        time.sleep(0.05)
+
+
 def _episode_frames(env: int, episode: int, length: int) -> np.ndarray:
     """Frames [env, episode, t] for t = 0 .. length: every frame says where it belongs."""
     return np.array([[env, episode, t] for t in range(length + 1)], np.int32)
@@ -152,7 +169,9 @@ def test_a_killed_actor_is_a_crash_and_its_replacement_opens_the_last_commit(clu
     for t in range(30, 50):
         w.step(0, 1.0, frames[t + 1], False, False)
     w.flush()
+    pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
     ray.kill(actor)
+    _wait_gone(pid)
     again = ReplayActor.options(num_cpus=0).remote(path, open=True)
     assert ray.get(again.stats.remote())["id_range"] == (0, 30)
     w = RemoteWriter(again, block=8)
@@ -182,14 +201,14 @@ def test_a_graceful_shutdown_commits(cluster, tmp_path):
             a.__ray_terminate__.remote()
         del a
         gc.collect()
-        for _ in range(100):  # the actor process lets go of the writer lock once it has exited
+        deadline = time.monotonic() + 60
+        while True:  # the actor process lets go of the writer lock once it has exited
             try:
                 s = mr.ReplayStore.open(path)
                 break
             except mr.StoreLockedError:
+                assert time.monotonic() < deadline, f"{how}: the actor never released its store"
                 time.sleep(0.1)
-        else:
-            raise AssertionError(f"{how}: the actor never released its store")
         assert s.id_range == (0, 5), how
         s.close()
 
