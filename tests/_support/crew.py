@@ -33,8 +33,9 @@ def atari_store(path: str, compression: str | None, capacity: int = 600, game: s
 
 
 def finished_by_helpers(c: crew.Crew, task: tuple[int, int]) -> bool:
-    """Whether the helpers of ``c`` finish ``task`` (``(sequence, rows)``) within 10 s."""
-    deadline = time.monotonic() + 10
+    """Whether the helpers of ``c`` finish ``task`` (``(sequence, rows)``) within 120 s (a hang detector: a
+    helper's first task may compile its kernel, which takes seconds on a loaded machine)."""
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         done = int(c.ctl[crew.DONE])
         if done >> crew.SEQ_SHIFT == task[0] and done & crew.LOW == task[1]:
