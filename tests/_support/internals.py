@@ -59,10 +59,12 @@ def record_sent_stacks(feed: Any) -> list[tuple[str, bool, bool]]:
 
 def posting_always(store: mr.ReplayStore) -> Any:
     """Have the store's reader post every batch it may (any size; joins slowed by other work on a busy
-    machine do not rest posting); returns its ``PostGate`` (``.posts``: reads posted so far)."""
+    machine do not rest posting; page faults under memory pressure do not turn it to reading ahead, which
+    does not post); returns its ``PostGate`` (``.posts``: reads posted so far)."""
     r = store._reader
     r.MIN_SHARED_BYTES = 0
     r._gate.SLOWER = 1e9
+    r.read_ahead = False
     return r._gate
 
 
