@@ -79,6 +79,7 @@ class ModelStore:
             self.extent = per // m
             self.n_extents = self.num_envs * m
         self.retired_chunks = 0  # chunks 0 .. retired_chunks-1 are gone
+        self._retired_below = 0  # transitions 0 .. _retired_below-1 are known gone (oldest_id's last scan)
 
     # ---------------------------------------------------------------- writing
 
@@ -215,10 +216,16 @@ class ModelStore:
 
     @property
     def oldest_id(self):
-        for i, tr in enumerate(self.transitions):
+        # A transition once gone stays gone (chunks retire in order, each stream's first retained row only
+        # grows), so the scan for the first retained one goes on from where the last scan stopped.
+        i = self._retired_below
+        while i < len(self.transitions):
+            tr = self.transitions[i]
             if self._next_row(tr) >= self._first_retained_row(tr["episode"].stream):
-                return i
-        return self.next_id
+                break
+            i += 1
+        self._retired_below = i
+        return i
 
     def __len__(self):
         return len(self.sampleable_ids())
