@@ -189,7 +189,9 @@ class ModelStore:
         need = [s for s in streams if self.left[s] == 0]
         if not self.chunks or self.taken + len(need) > self.n_extents:
             while self.retired_chunks < len(self.chunks):
-                kept = sum(1 for tr in self.transitions if self._chunk_of(tr) > self.retired_chunks)
+                # (the transitions oldest_id found gone lie in retired chunks: not kept)
+                kept = sum(1 for tr in self.transitions[self._retired_below:]
+                           if self._chunk_of(tr) > self.retired_chunks)
                 if kept - self.k * self.num_envs >= self.capacity:
                     self.retired_chunks += 1
                 else:
@@ -204,9 +206,12 @@ class ModelStore:
             self.left[s] -= 1
 
     def _chunk_of(self, tr):
-        """The chunk holding the transition's next frame."""
-        s, row = tr["episode"].stream, self._next_row(tr)
-        return max(c for c in range(len(self.chunks)) if self.chunks[c][s] <= row)
+        """The chunk holding the transition's next frame (remembered: a later chunk begins after every row
+        written before it was opened, so the answer never changes)."""
+        if "chunk" not in tr:
+            s, row = tr["episode"].stream, self._next_row(tr)
+            tr["chunk"] = max(c for c in range(len(self.chunks)) if self.chunks[c][s] <= row)
+        return tr["chunk"]
 
     # ---------------------------------------------------------------- reading
 
