@@ -109,12 +109,11 @@ print("R", flush=True)
 seen = set()
 while True:
     s.refresh()
-    if len(s) and s.generation not in seen:
+    if len(s):
         s.sample(16)
-        seen.add(s.generation)
-        print("G", s.generation, flush=True)
-    elif len(s):
-        s.sample(16)
+        if s.generation not in seen:
+            seen.add(s.generation)
+            print("G", s.generation, flush=True)
     if s.metadata.get("done"):
         break
 ids = s.sampleable_ids()

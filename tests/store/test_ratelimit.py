@@ -367,10 +367,10 @@ def test_a_reader_opened_before_the_writer_waits_for_it(tmp_path):
 P_SPI, P_MIN, P_EB, P_B, P_STEPS = 4.0, 200, 64.0, 16, 3000
 
 
-def _p_writer(path: str, out: str, start: Any) -> None:
+def _p_writer(path: str, out: str, ready: Any) -> None:
     try:
         s = mr.ReplayStore.open(path)
-        start.wait(120)  # both readers are up: neither takes every sample because the other started late
+        ready.wait(120)  # both readers are up: neither takes every sample because the other started late
         seen, waited = [], 0
         for t in range(P_STEPS):
             start = time.monotonic()
@@ -394,9 +394,9 @@ def _p_writer(path: str, out: str, start: Any) -> None:
         open(path + ".done", "w").close()  # the readers and the monitor stop, also when the writer failed
 
 
-def _p_reader(path: str, seed: int, out: str, start: Any) -> None:
+def _p_reader(path: str, seed: int, out: str, ready: Any) -> None:
     r = mr.ReplayStore.open(path, mode="r", seed=seed)
-    start.wait(120)
+    ready.wait(120)
     seen, waited = [], 0
     while True:
         r.refresh()
@@ -442,11 +442,11 @@ def test_a_writer_and_readers_in_processes_hold_the_ratio_at_every_moment(tmp_pa
     s.close()
     ctx = mp.get_context("spawn")
     outs = {name: str(tmp_path / f"{name}.npy") for name in ("writer", "r0", "r1", "monitor")}
-    start = ctx.Barrier(3)
+    ready = ctx.Barrier(3)
     procs = [ctx.Process(target=_p_monitor, args=(path, outs["monitor"])),
-             ctx.Process(target=_p_reader, args=(path, 1, outs["r0"], start)),
-             ctx.Process(target=_p_reader, args=(path, 2, outs["r1"], start)),
-             ctx.Process(target=_p_writer, args=(path, outs["writer"], start))]
+             ctx.Process(target=_p_reader, args=(path, 1, outs["r0"], ready)),
+             ctx.Process(target=_p_reader, args=(path, 2, outs["r1"], ready)),
+             ctx.Process(target=_p_writer, args=(path, outs["writer"], ready))]
     for p in procs:
         p.start()
     try:
