@@ -4,6 +4,7 @@ their rows and sequences."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,6 +16,15 @@ from tests._support.model import ModelStore
 
 FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index")
 SEQ_FIELDS = ("obs", "action", "reward", "terminated", "truncated", "is_first", "mask", "ids")
+
+
+def wait_until(cond: Callable[[], object], what: str, timeout: float = 60.0, pause: float = 0.001) -> None:
+    """Poll ``cond()`` until it holds; fail naming ``what`` after ``timeout`` s. For what a thread or process
+    reaches at some time, late on a loaded machine: never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(pause)
 
 
 @dataclass

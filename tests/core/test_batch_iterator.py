@@ -12,6 +12,7 @@ import pytest
 
 from mmreplay.reading.batch import Batch
 from mmreplay.reading.prefetch import BatchIterator, DrawnBatch
+from tests._support.helpers import wait_until
 
 
 def _batch(i: int) -> Batch:
@@ -52,12 +53,18 @@ class Recorder:
         return _batch(i)
 
 
-def _until(cond, what: str, timeout: float = 60.0) -> None:  # noqa: ANN001
-    """Wait for ``cond()`` (threads on a loaded machine get there late, never at a fixed time)."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
+def _away_until_copied_ahead(it: BatchIterator, rec: Recorder, count: int) -> tuple[list[int], dict[int, str]]:
+    """``count`` batches, the caller away after each until the batch after it was copied (while it is away
+    nobody but the prefetch thread copies); the batches handed out and who copied each batch meanwhile."""
+    before = set(rec.copied)
+    rec.copied.clear()
+    rec.threads.clear()
+    handed = []
+    for _ in range(count):
+        handed.append(int(next(it).index[0]))
+        ahead = handed[-1] + 1
+        wait_until(lambda n=ahead: n in rec.copied or n in before, f"batch {ahead}")
+    return handed, dict(zip(rec.copied, rec.threads, strict=True))
 
 
 @pytest.fixture
@@ -101,7 +108,7 @@ def test_on_cold_data_a_stuck_prefetch_thread_does_not_stop_the_caller(executor)
     done: list[int] = []
     t = threading.Thread(target=lambda: done.extend(int(next(it).index[0]) for _ in range(3)), name="learner")
     t.start()
-    _until(lambda: len(rec.copied) == 3, "the learner's copies")
+    wait_until(lambda: len(rec.copied) == 3, "the learner's copies")
     assert t.is_alive() and done == []  # batch 0 is the stuck thread's: the learner waits for it...
     assert rec.copied == [1, 2, 3] and set(rec.threads) == {"learner"}  # ...having copied the others
     rec.gate.set()
@@ -123,15 +130,10 @@ def test_on_warm_data_the_caller_copies_its_batches_and_the_prefetch_thread_work
         next(it)
     ours = sum(name == threading.current_thread().name for name in rec.threads)
     assert ours >= 10
-    copied_before = set(rec.copied)
-    rec.copied.clear()
-    rec.threads.clear()
-    for _ in range(10):  # a learner step between batches, as long as the prefetch thread takes to copy ahead
-        ahead = int(next(it).index[0]) + 1
-        _until(lambda n=ahead: n in rec.copied or n in copied_before, f"batch {ahead}")
-    # every batch after the first (20) was copied while the caller was away: by the thread
-    by = dict(zip(rec.copied, rec.threads, strict=True))
-    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != 20)
+    # a learner step between batches, as long as the prefetch thread takes to copy ahead
+    handed, by = _away_until_copied_ahead(it, rec, 10)
+    # every batch after the first was copied while the caller was away: by the thread
+    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != handed[0])
     it.close()
 
 
@@ -163,7 +165,7 @@ def test_close_drops_unstarted_copies_and_waits_for_running_ones(executor):
     assert rec.entered.wait(60)
     closer = threading.Thread(target=it.close)
     closer.start()
-    _until(lambda: it._closed, "close()")
+    wait_until(lambda: it._closed, "close()")
     closer.join(0.05)
     assert closer.is_alive()  # waiting for the running copy
     rec.gate.set()
@@ -216,16 +218,11 @@ def test_while_posting_starts_reads_the_prefetch_thread_leaves_a_learner_s_batch
     assert rec.joined == list(range(1, 15))  # every batch after the first, from its posted read
     assert rec.posted == list(range(1, 16))  # one read at a time: the next batch's, as each is handed out
     rec.accept = False
-    copied_before = set(rec.copied)
-    rec.copied.clear()
-    rec.threads.clear()
-    for _ in range(10):  # away until the thread copied the next batch
-        got.append(int(next(it).index[0]))
-        _until(lambda: got[-1] + 1 in rec.copied or got[-1] + 1 in copied_before, f"batch {got[-1] + 1}")
+    handed, by = _away_until_copied_ahead(it, rec, 10)
+    got += handed
     assert got == list(range(25))
     # every batch after the first (posted before posts stopped) was copied while the caller was away: by the thread
-    by = dict(zip(rec.copied, rec.threads, strict=True))
-    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != 15)
+    assert len(by) >= 10 and all(name.startswith("prefetch") for i, name in by.items() if i != handed[0])
     rec.accept = True  # posting again once a post starts a read: the thread steps aside
     for _ in range(6):
         got.append(int(next(it).index[0]))

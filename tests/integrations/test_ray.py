@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from tests._support.helpers import require
+from tests._support.helpers import require, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -37,21 +37,13 @@ def cluster():
     ray.shutdown()
 
 
-def _wait_gone(pid: int, timeout: float = 60.0) -> None:
-    """Until process ``pid`` has exited (``ray.kill`` returns before the actor's process is gone, and the
-    process holds its store's writer lock until then)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rpartition(")")[2].split()[0] == "Z":
-                    return  # exited, not yet reaped: its locks are released
-        except FileNotFoundError:
-            return
-        assert time.monotonic() < deadline, f"process {pid} did not exit"
-        time.sleep(0.05)
+def _exited(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie, not yet reaped, has released its locks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
 
 
 def _episode_frames(env: int, episode: int, length: int) -> np.ndarray:
@@ -170,8 +162,8 @@ def test_a_killed_actor_is_a_crash_and_its_replacement_opens_the_last_commit(clu
         w.step(0, 1.0, frames[t + 1], False, False)
     w.flush()
     pid = ray.get(actor.__ray_call__.remote(lambda _: os.getpid()))
-    ray.kill(actor)
-    _wait_gone(pid)
+    ray.kill(actor)  # returns before the actor's process is gone, which holds the store's writer lock until then
+    wait_until(lambda: _exited(pid), f"the killed actor's process {pid} to exit", pause=0.05)
     again = ReplayActor.options(num_cpus=0).remote(path, open=True)
     assert ray.get(again.stats.remote())["id_range"] == (0, 30)
     w = RemoteWriter(again, block=8)
