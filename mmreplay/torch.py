@@ -33,6 +33,7 @@ import os
 import threading
 import warnings
 import weakref
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -442,6 +443,7 @@ class HostRing:
         self.slots = [_Slot() for _ in range(count)]
         self._lock = threading.Lock()
         self._given = 0
+        self._dropped: deque[_Slot] = deque()  # given back by ``drop`` while the lock was held
         self.waits = 0  # times a take had to wait for a copy to complete (the ring was short)
 
     def take(self) -> _Slot:
@@ -451,6 +453,7 @@ class HostRing:
         one to wait for."""
         while True:
             with self._lock:
+                self._free_dropped()
                 oldest = None
                 for slot in self.slots:
                     if slot.busy:
@@ -476,10 +479,31 @@ class HostRing:
     def give(self, slot: _Slot, copied: Any) -> None:
         """The copy out of ``slot`` started (``copied``: its handle): free once it completed."""
         with self._lock:
-            slot.copied = copied
-            slot.busy = False
-            slot.given = self._given
-            self._given += 1
+            self._free_dropped()
+            self._free(slot, copied)
+
+    def drop(self, slot: _Slot) -> None:
+        """``give(slot, None)`` from a weak reference's callback, which runs wherever the array it watched
+        died: at any allocation that starts a garbage collection, in any thread, also inside ``take`` or
+        ``give`` holding the lock (which is not reentrant). Where the lock is held, the slot waits in a queue
+        for the next ``take`` or ``give``."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._free(slot, None)
+            finally:
+                self._lock.release()
+        else:
+            self._dropped.append(slot)
+
+    def _free_dropped(self) -> None:
+        while self._dropped:
+            self._free(self._dropped.popleft(), None)
+
+    def _free(self, slot: _Slot, copied: Any) -> None:
+        slot.copied = copied
+        slot.busy = False
+        slot.given = self._given
+        self._given += 1
 
     def reserve(self, slot: _Slot, nbytes: int, keep: int = 0) -> np.ndarray:
         """``slot``'s memory, at least ``nbytes`` (grown if needed, its first ``keep`` bytes kept)."""
@@ -534,7 +558,7 @@ class DeviceBatches(Iterator[Any]):
         self._layouts: dict[Any, _Layout] = {}
         # frame buffers lent to batches being read or assembled, by the address of the array lent: (its slot, a
         # weak reference whose callback gives the slot back if the array dies unsent, its batch having failed;
-        # once the batch is sent the entry, and with it the reference, is dropped, so the callback never runs)
+        # once the batch's send begins the entry is dropped, and a callback that still runs finds none of its own)
         self._lent: dict[int, tuple[_Slot, weakref.ref[np.ndarray]]] = {}
         plain = host_stacks and self.ring is None  # the CPU's stacks: batches() itself, tensors made at hand-out
         # for a device, the distinct frames or (host stacks) the stacks are read straight into the ring buffers
@@ -560,10 +584,16 @@ class DeviceBatches(Iterator[Any]):
         array = self.ring.reserve(slot, nbytes)[:nbytes].view(dtype).reshape(shape).view(_Lent)
         key, lent_out = array.ctypes.data, self._lent
 
-        def dropped(_: Any) -> None:  # (the array died before its batch was sent: give its buffer back)
-            if lent_out.pop(key, None) is not None:
-                self.ring.give(slot, None)  # type: ignore[union-attr]
+        def dropped(ref: weakref.ref[np.ndarray]) -> None:
+            # the array died before its batch was sent: its buffer goes back. Only while the entry is this
+            # reference's: a batch that failed after its send began gave the buffer back itself, and the
+            # buffer may be lent again, under the same address, before the failed batch's array dies.
+            held = lent_out.get(key)
+            if held is not None and held[1] is ref:
+                del lent_out[key]
+                ring.drop(slot)
 
+        ring = self.ring
         lent_out[key] = (slot, weakref.ref(array, dropped))
         return array
 

@@ -325,7 +325,14 @@ class BatchIterator(Iterator[T], Generic[T]):
                 self._in_next = False
                 self._left_at = time.monotonic()
         if head.error is not None:
-            raise head.error
+            # neither the job nor this frame keeps the error: its traceback holds both (frames of ``_run`` and
+            # of this method), and a cycle would keep what the failed batch holds (a feed's ring buffer) until
+            # a garbage collection
+            error, head.error = head.error, None
+            try:
+                raise error
+            finally:
+                del error
         assert head.batch is not None
         batch: T = head.batch
         return batch

@@ -490,6 +490,70 @@ def test_a_frame_buffer_whose_batch_fails_goes_back_to_the_ring(torch, mt, atari
             copier.finish_all()
 
 
+@pytest.mark.parametrize("host_stacks", [False, True])
+def test_failed_batches_give_their_buffers_back_without_a_collection(torch, mt, tmp_path, host_stacks):
+    """Batches that fail after their ring buffer was lent (a damaged frame: the read raises) give it back
+    once the error is dropped, with the garbage collector off: nothing keeps the failed batch in a cycle,
+    so the ring never grows, and every buffer is free after ``close()``."""
+    import gc
+
+    from tests._support.crew import damaged_store
+
+    damaged_store(str(tmp_path / "s"))
+    b = mr.ReplayStore.open(tmp_path / "s", "r", seed=3)
+    copier = _late(mt, torch, delay=0.001)
+    feed = mt.DeviceBatches(b, 32, prefetch=2, host_stacks=host_stacks, copier=copier)
+    failed = served = 0
+    gc.disable()
+    try:
+        for _ in range(40):
+            try:
+                next(feed)
+                served += 1
+            except mr.CorruptStoreError:
+                failed += 1
+            assert len(feed.ring.slots) == 2 + 3
+        feed.close()
+        copier.finish_all()
+        assert failed > 0 and served > 0
+        assert not any(slot.busy for slot in feed.ring.slots)
+        assert copier.overwritten == 0 and copier.started_early == 0
+    finally:
+        gc.enable()
+        b.close()
+
+
+def test_a_buffer_dropped_while_the_ring_is_locked_comes_back_later(torch, mt, atari_store):
+    """A lent array can die at any allocation (a garbage collection), also inside the ring's ``take`` while
+    it holds its lock (asking the copier whether a copy completed): its buffer comes back at the next take
+    or give, rather than by taking the lock again, which would hang the feed."""
+    from tests._support import internals
+
+    b = mr.ReplayStore.open(atari_store, "r", seed=2)
+    copier = _late(mt, torch, delay=None)
+    feed = mt.DeviceBatches(b, 32, prefetch=2, copier=copier)
+    held = [internals.lend_frame_buffer(feed, (10, 84, 84), np.dtype(np.uint8))]
+    done, dropped_inside = copier.done, []
+
+    def dropping_done(h):  # (called by take() with the ring's lock held)
+        if held:
+            held.clear()  # the lent array's last reference: its weak reference's callback runs here
+            dropped_inside.append(True)
+        return done(h)
+
+    copier.done = dropping_done
+    thread = threading.Thread(target=lambda: [next(feed) for _ in range(12)], daemon=True)
+    thread.start()
+    thread.join(120)  # (a hang detector)
+    assert not thread.is_alive(), "the feed hung: a buffer given back inside take() took the ring's lock again"
+    assert dropped_inside == [True]
+    feed.close()
+    copier.finish_all()
+    assert len(feed.ring.slots) == 2 + 3 and not any(slot.busy for slot in feed.ring.slots)
+    assert internals.frame_buffers_lent(feed) == 0
+    b.close()
+
+
 def test_the_check_catches_a_ring_that_does_not_wait(torch, mt, atari_store):
     """The test above can fail: a copier that claims completion at once lets the ring refill buffers whose
     (late) copies are still in flight, and the checks see it."""
