@@ -137,7 +137,9 @@ class FrameLayout:
 
 # -- the store's lifetime -------------------------------------------------------------------------------
 _OPEN: dict[str, weakref.ref[_Handle]] = {}  # store path -> the handle that holds it in this process
-_OPEN_LOCK = threading.Lock()
+# reentrant: a buffer's GC finalizer closes its handle, which takes this lock, and a collection can start at
+# any allocation, also one made while this thread holds it (a plain lock would then wait for itself)
+_OPEN_LOCK = threading.RLock()
 
 
 class _Handle:
@@ -149,8 +151,9 @@ class _Handle:
         self.added_since_pair = 0
         self.feed: Any = None  # mmreplay.torch.DeviceFeed, for a buffer on a GPU (made at the first sample)
         self.pending: _Pending | None = None  # adds not yet written to the store (set by the buffer)
+        key, ref = os.path.realpath(store.path), weakref.ref(self)
         with _OPEN_LOCK:
-            _OPEN[os.path.realpath(store.path)] = weakref.ref(self)
+            _OPEN[key] = ref
 
     def drop_feed(self) -> None:
         if self.feed is not None:
@@ -180,8 +183,8 @@ class _Handle:
             try:
                 store.close(commit=commit)
             finally:
+                key = os.path.realpath(store.path)
                 with _OPEN_LOCK:
-                    key = os.path.realpath(store.path)
                     if key in _OPEN and _OPEN[key]() is self:
                         del _OPEN[key]
                 if self.temp_dir is not None:

@@ -94,7 +94,9 @@ _state = np.zeros(WORDS, np.int64)  # never freed: the handler may read it until
 # ``counter[COUNT]`` is ``count()`` without a call: a Python int, read without a numpy scalar (hot paths)
 counter = memoryview(_state.data).cast("B").cast("q")
 _dfl = _SigAction()  # the default action, which the handler restores to hand a signal on to it
-_lock = threading.Lock()
+# reentrant: a store dropped unclosed unregisters its ranges from a GC finalizer, and a collection can start at
+# any allocation, also one made while this thread holds the lock (a plain lock would then wait for itself)
+_lock = threading.RLock()
 _installed = False
 _handler_address = 0
 _failed = False
@@ -102,7 +104,7 @@ _failed = False
 
 def _lock_after_fork() -> None:
     global _lock
-    _lock = threading.Lock()  # a thread of the parent may have held it: the child has no such thread
+    _lock = threading.RLock()  # a thread of the parent may have held it: the child has no such thread
 
 
 os.register_at_fork(after_in_child=_lock_after_fork)

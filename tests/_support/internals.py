@@ -173,3 +173,22 @@ def sb3_short_adds(monkeypatch: Any, buf: Any, enabled: bool, taken: list[bool])
 def sb3_last_next_obs(buf: Any) -> list[bytes | None]:
     """Per env, the last ``next_obs`` the buffer was given (what the next ``obs`` must continue)."""
     return list(buf._handle.pending.last)
+
+
+def sb3_collect_when_registering(monkeypatch: Any) -> list[int]:
+    """The next buffer that registers its store runs a garbage collection first, inside its registration
+    (holding the lock a buffer's finalizer takes to close it); the list gets what that collection found."""
+    import gc
+
+    from mmreplay import sb3
+
+    found: list[int] = []
+
+    class Collecting(dict):  # type: ignore[type-arg]
+        def __setitem__(self, key: Any, value: Any) -> None:
+            if not found:
+                found.append(gc.collect())
+            super().__setitem__(key, value)
+
+    monkeypatch.setattr(sb3, "_OPEN", Collecting(sb3._OPEN))
+    return found

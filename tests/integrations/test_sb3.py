@@ -594,6 +594,40 @@ def test_save_and_load_resume_exactly(sb3, spaces, tmp_path):
     again.close(commit=False)
 
 
+def test_a_buffer_collected_while_another_registers_its_store_does_not_hang(sb3, spaces, tmp_path, monkeypatch):
+    """A buffer dropped in a reference cycle is closed by its finalizer at a later garbage collection, which
+    can start at any allocation: here one made while a new buffer registers its store, holding the lock
+    that closing takes too."""
+    import gc
+    import threading
+
+    import mmreplay as mr
+
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    old = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "old")
+    old.add(np.zeros((1, 2), np.float32), np.ones((1, 2), np.float32), np.zeros((1, 2), np.float32),
+            np.array([1.0]), np.array([False]), [{}])
+    store = old.store
+    old.cycle = old  # unreachable once dropped, but only a collection frees it
+    gc.collect()
+    gc.disable()
+    try:
+        del old
+        found = internals.sb3_collect_when_registering(monkeypatch)
+        made = []
+        thread = threading.Thread(target=lambda: made.append(
+            sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "new")), daemon=True)
+        thread.start()
+        thread.join(120)  # (a hang detector)
+    finally:
+        gc.enable()
+    assert not thread.is_alive(), "a finalizer run inside the registration waited for the lock held there"
+    assert found and found[0] > 0 and store.closed  # the collection ran there and closed the dropped buffer
+    made[0].close()
+    with mr.ReplayStore.open(tmp_path / "old", mode="r") as st:
+        assert st.id_range == (0, 1)  # closed as close() would: what it held committed
+
+
 def test_close_keeps_the_paired_commit(sb3, spaces, tmp_path):
     import mmreplay as mr
 
