@@ -134,20 +134,27 @@ class _Resources:
         self.failed = False  # a disk error already turned the store read-only
 
     def release(self) -> None:
+        """Each part is released whatever another's release raised (the first error is raised after)."""
+        log, failed = self.log, self.failed
+        parts = [p.close for p in (self.draw_state, self.reader) if p is not None]
+        if log is not None:
+            parts.append(lambda: log.close(failed=failed))
+        if self.limiter is not None:
+            parts.append(self.limiter.close)
+        error: BaseException | None = None
         try:
-            if self.draw_state is not None:
-                self.draw_state.close()
-            if self.reader is not None:
-                self.reader.close()
-            if self.log is not None:
-                self.log.close(failed=self.failed)
-            if self.limiter is not None:
-                self.limiter.close()
+            for close in parts:
+                try:
+                    close()
+                except BaseException as exc:
+                    error = error or exc
         finally:
             if self.lock_fd is not None:
                 os.close(self.lock_fd)
             self.log = self.reader = self.draw_state = self.limiter = None
             self.lock_fd = None
+        if error is not None:
+            raise error
 
 
 class ReplayStore:

@@ -10,6 +10,7 @@ of the state a commit records (FORMAT.md "Sampling state"), so a resumed
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,14 +34,18 @@ class DrawState:
 
     def __init__(self, manifest: dict[str, Any], seed: int | None) -> None:
         self.rng = np.random.default_rng(seed)
+        # batches the committed run had drawn but not handed out, until the first iterator (``iterator``)
+        self._resume_draws: list[DrawnBatch] = []
         if seed is None:
             self.rng.bit_generator.state = manifest["rng"]
-            self._resume_draws, self._resume_rng = _pending_from_manifest(manifest)
-        else:
-            self._resume_draws, self._resume_rng = [], {}
+            self._resume_draws, rng_after = _pending_from_manifest(manifest)
+            if self._resume_draws:
+                # the committed run's generator had made those draws: whatever draws next continues after
+                # them, as it would have there (``sample()`` beside the iterator that held them)
+                self.rng.bit_generator.state = rng_after
         # the RNG's state read cheaply before each prefetched draw (most such states are never looked at)
         self._pcg = Pcg64State.attach(self.rng) if jit_enabled() else None
-        self._count = 0  # draws made (orders the pending draws of several iterators)
+        self._count = len(self._resume_draws)  # draws made (orders the pending draws of several iterators)
         self._iterators: weakref.WeakSet[BatchIterator[Any]] = weakref.WeakSet()
         self._pool: ThreadPoolExecutor | None = None
 
@@ -90,7 +95,8 @@ class DrawState:
                  guard: AbstractContextManager[Any] | None = None) -> BatchIterator[T]:
         """A prefetching iterator of draws of one ``kind`` (``DrawnBatch.kind``: batch size, sequence length or 0,
         strict). The first one after a resume first hands out the batches the committed run had drawn but
-        not handed out (if they are of this kind and still sampleable), then continues from there.
+        not handed out (if they are of this kind and still sampleable; else they are dropped), then draws
+        from the RNG as it is (it continued after them from the resume on).
         ``handout(rows)`` runs before each batch is handed out (the rate limit); ``post(draw)`` starts
         reading a draw's frames in the reader's helper thread, and ``assemble(draw, posted, then)`` finishes
         such a draw (``BatchIterator``); ``guard`` (the store's lock) is held by each ``next()``."""
@@ -103,7 +109,6 @@ class DrawState:
                     slots = index.slots_of(d.ids)
                     d.plan = index.sequence_plan(slots, d.length, d.head) if d.length else index.plan(slots)
                 pending = self._resume_draws
-                self.rng.bit_generator.state = self._resume_rng
             except ValueError:  # a head that cannot hold its starts (a forged manifest): draw afresh too
                 pending = []
         self._resume_draws = []
@@ -119,10 +124,17 @@ class DrawState:
         """NumPy's ``bit_generator.state`` of a ``DrawnBatch.rng_before``."""
         return Pcg64State.state_dict(before) if isinstance(before, bytes) else before
 
+    def _pending(self) -> list[DrawnBatch]:
+        """Batches drawn but not handed out, oldest first: a resume's not yet taken by an iterator (there is
+        no iterator then), else the live iterators'."""
+        live = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        return self._resume_draws + live
+
     def state(self, index: Index) -> dict[str, Any]:
         """The manifest's ``rng`` and ``pending_draws``: the RNG as of the last batch handed out, plus
-        batches drawn by live iterators but not handed out (with the RNG state after them)."""
-        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        batches drawn but not handed out (with the RNG state after them): a resumed store's own, which no
+        iterator has taken yet, or those of live iterators."""
+        pending = self._pending()
         if not pending:
             return {"rng": self.rng.bit_generator.state, "pending_draws": None}
         if len({d.kind for d in pending}) > 1 or not index.ids_valid(np.concatenate([d.ids for d in pending])).all():
@@ -132,6 +144,9 @@ class DrawState:
             return {"rng": self.rng_state(pending[0].rng_before), "pending_draws": None}
         entry: dict[str, Any] = {
             "rng_after": self.rng.bit_generator.state,
+            # each one's RNG state before it: a resumed store that hands out the first of them and commits
+            # again records the state before the next one as its ``rng``
+            "rng_before": [self.rng_state(d.rng_before) for d in pending],
             "ids": [d.ids.tolist() for d in pending],
             "weights": None if pending[0].weight is None else [d.weight.tolist() for d in pending if d.weight is not None]}
         if pending[0].length:
@@ -143,8 +158,8 @@ class DrawState:
         """Forget every batch drawn but not handed out (``invalidate``/``clear`` changed what may be drawn)
         and rewind the RNG to before the first of them: the batches handed out next are those repeated
         ``sample()`` calls would give from here."""
-        self._resume_draws, self._resume_rng = [], {}
-        pending = sorted((d for it in list(self._iterators) for d in it.pending()), key=lambda d: d.order)
+        pending = self._pending()
+        self._resume_draws = []
         if not pending:
             return
         self.rng.bit_generator.state = self.rng_state(pending[0].rng_before)
@@ -176,9 +191,11 @@ class DrawState:
 
     def close(self) -> None:
         self.end_iterators()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            # a store dropped unclosed is released by its finalizer in whichever thread collects it, which
+            # may be this pool's own: that one cannot wait for itself (it ends when its task returns)
+            pool.shutdown(wait=threading.current_thread() not in getattr(pool, "_threads", ()))
 
 
 def _head_json(head: Any) -> Any:
@@ -192,10 +209,11 @@ def _pending_from_manifest(manifest: dict[str, Any]) -> tuple[list[DrawnBatch], 
     if not state:
         return [], {}
     weights = state["weights"] or [None] * len(state["ids"])
-    # the first one's RNG state before it is the committed "rng" (the state as of the last batch handed out)
-    draws = [DrawnBatch(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32),
-                  manifest["rng"] if i == 0 else {}, i)
-             for i, (ids, w) in enumerate(zip(state["ids"], weights, strict=True))]
+    # the RNG state before each (the first one's is the committed "rng", the state as of the last batch
+    # handed out); a manifest without "rng_before" (written before it was recorded) gives that one to all
+    before = state.get("rng_before") or [manifest["rng"]] * len(state["ids"])
+    draws = [DrawnBatch(np.asarray(ids, np.int64), None if w is None else np.asarray(w, np.float32), b, i)
+             for i, (ids, w, b) in enumerate(zip(state["ids"], weights, before, strict=True))]
     seq = state.get("sequences")
     if seq:
         for d, head in zip(draws, seq["heads"], strict=True):

@@ -342,6 +342,13 @@ def _check_pending(f: _Fields, pending: Any, oldest_id: int, next_id: int, rows:
             for v in w:
                 f.real(f"pending_draws.weights[{i}]", v, 0.0, 1.0)  # importance weights are normalised to <= 1
     check_rng(p["rng_after"], "pending_draws.rng_after", f.where)
+    before = p.get("rng_before")  # (absent in manifests written before it was recorded)
+    if before is not None:
+        before = f.list_("pending_draws.rng_before", before)
+        if len(before) != len(batches):
+            f.fail("pending_draws.rng_before", before, f"{len(batches)} generator states (one per batch of ids)")
+        for i, state in enumerate(before):
+            check_rng(state, f"pending_draws.rng_before[{i}]", f.where)
     seq = p.get("sequences")
     if seq is not None:  # batches of sequences: their length, strictness, and the rows written at each draw
         seq = f.dict_("pending_draws.sequences", seq, ("length", "strict", "heads"))

@@ -192,3 +192,9 @@ def sb3_collect_when_registering(monkeypatch: Any) -> list[int]:
 
     monkeypatch.setattr(sb3, "_OPEN", Collecting(sb3._OPEN))
     return found
+
+
+def release_in_prefetch_thread(store: mr.ReplayStore) -> None:
+    """Run what a store dropped unclosed runs when it is collected (its finalizer) in the store's own prefetch
+    thread, as a garbage collection that starts there does; raises what it raised."""
+    store._draw_state._executor().submit(store._release).result()

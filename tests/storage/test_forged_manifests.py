@@ -236,6 +236,31 @@ def test_manifest_written_by_this_version_passes_every_check(tmp_path, store):
         assert loaded.verify() == []
 
 
+def test_pending_draws_rng_before_is_checked_and_may_be_absent(tmp_path, store):
+    """``pending_draws.rng_before`` (one generator state per pending batch) is checked like ``rng``; a manifest
+    without it (written before it was recorded) still resumes its pending batches, and a commit made after
+    the first of them was handed out writes a manifest that opens."""
+    s = mr.ReplayStore.open(store)
+    it = s.batches(4, prefetch=2)
+    next(it)
+    s.commit()
+    want = [next(it) for _ in range(3)]
+    s.close(commit=False)
+    assert len(read_doc(store)["pending_draws"]["rng_before"]) == 2
+    saved = read_doc(store)
+    forge(store, lambda d: d["pending_draws"].update(rng_before=[{}]))
+    with pytest.raises(mr.CorruptStoreError, match="rng_before"):
+        mr.ReplayStore.open(store)
+    forge(store, lambda d: (d.clear(), d.update(saved), d["pending_draws"].pop("rng_before")))
+    with mr.ReplayStore.open(store) as r:
+        resumed = r.batches(4, prefetch=2)
+        np.testing.assert_array_equal(next(resumed).index, want[0].index)
+        r.commit()  # (the second pending batch is still pending)
+    with mr.ReplayStore.open(store) as r:
+        np.testing.assert_array_equal(next(r.batches(4, prefetch=2)).index, want[1].index)
+    assert mr.verify_store(store) == []
+
+
 def test_a_linked_id_column_file_is_refused(tmp_path):
     """The id column (stores with several env streams) is checked like the other column files: the
     open chunk's is mapped writable in mode r+, so a link would let the writer write elsewhere."""

@@ -90,6 +90,77 @@ def test_commit_mid_iteration_resumes_the_same_batches(tmp_path, prio):
     r.close()
 
 
+@pytest.mark.parametrize("ops", [
+    ["sample", "next", "next", "sample", "next"],  # a sample() before the resumed iterator exists
+    ["step"] * 10 + ["crash", "next", "next", "next"],  # a commit before the resumed iterator exists
+    ["crash", "sample", "step", "crash", "next", "sample", "next"],
+    ["next", "crash", "sample", "next", "next"],
+])
+@pytest.mark.parametrize("prio", [None, mr.Prioritized()])
+def test_a_resume_continues_as_the_committed_run_whatever_draws_first(tmp_path, ops, prio):
+    """A store committed while an iterator holds drawn batches, resumed, and given the same calls as the
+    run that goes on uninterrupted, gives the same batches: the resumed ``batches()`` hands out the pending
+    ones first, whenever it is made; ``sample()`` draws after them, as it does beside the live iterator; a
+    commit before the resumed iterator exists keeps them. "crash": the resumed store commits, is dropped
+    uncommitted and opened again (its iterator made again at the next "next")."""
+    a = _fill(tmp_path / "a", prio, capacity=1000)  # (no retirement: every drawn row stays sampleable)
+    b = _fill(tmp_path / "b", prio, capacity=1000)  # the same run up to the commit, then resumed
+    a_it, b_it = a.batches(16, prefetch=2), b.batches(16, prefetch=2)
+    for _ in range(3):
+        _same(next(a_it), next(b_it))
+    assert len(a_it.pending()) == 2
+    a.commit()
+    b.commit()
+    b.close(commit=False)
+    b = mr.ReplayStore.open(tmp_path / "b")
+    resumed = None
+    upd = np.random.default_rng(1)
+    for k, op in enumerate(ops):
+        if op == "sample":
+            _same(a.sample(16), b.sample(16))
+        elif op == "next":
+            if resumed is None:
+                resumed = b.batches(16, prefetch=2)
+            x, y = next(a_it), next(resumed)
+            _same(x, y)
+            if prio is not None:
+                p = upd.random(16) + 0.1
+                a.update_priorities(x.index, p)
+                b.update_priorities(y.index, p)
+        elif op == "step":
+            for s in (a, b):
+                s.step(1, 0.5, np.full(3, 10_000 + k, np.int32), False, False)
+        else:  # "crash"
+            b.commit()
+            b.close(commit=False)
+            b = mr.ReplayStore.open(tmp_path / "b")
+            resumed = None
+    a.close()
+    b.close()
+
+
+def test_a_store_collected_in_its_own_prefetch_thread_releases_everything(tmp_path):
+    """A store dropped unclosed is released by its finalizer in whichever thread collects it, also its own
+    prefetch thread, which cannot wait for itself: every part is still released (no chunk of it stays
+    mapped)."""
+    import os
+
+    from tests._support import internals
+
+    s = _fill(tmp_path / "s")
+    it = s.batches(16, prefetch=2)
+    next(it)
+    root = os.path.realpath(tmp_path / "s")
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as f:
+            return any(root in line for line in f)
+
+    assert mapped()
+    internals.release_in_prefetch_thread(s)
+    assert not mapped()
+
+
 def test_prefetch_survives_chunk_retirement(tmp_path):
     a = _fill(tmp_path / "a", capacity=40, chunk_size=8)
     b = _fill(tmp_path / "b", capacity=40, chunk_size=8)
