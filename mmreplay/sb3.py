@@ -508,7 +508,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
         last = pend.last[0] if pend is not None else None
         dtype = self._obs_dtype
         if (last is None or obs.dtype != dtype or next_obs.dtype != dtype or len(last) != obs.nbytes
-                or next_obs.nbytes != obs.nbytes or not obs.flags.c_contiguous):
+                or next_obs.shape != obs.shape or not obs.flags.c_contiguous
+                or obs.shape[obs.ndim - len(self.obs_shape):] != self.obs_shape):
             return False
         obs_b = obs.data.cast("B")
         if not last.startswith(obs_b):  # a new episode starts
@@ -541,7 +542,11 @@ class ReplayBuffer(_SB3ReplayBuffer):
         """``obs``/``next_obs`` as frames ``(n_envs, stack, *frame_shape)`` of the observation dtype (a view when
         they come so)."""
         arr = value if type(value) is np.ndarray else np.asarray(value)
-        if arr.size != self.n_envs * self.layout.obs_size:
+        # the observation's own axes last, as SB3's buffer takes them (it broadcasts into (n_envs, *shape));
+        # Discrete observations are reshaped there, whatever their shape
+        shape = tuple(self.obs_shape)
+        if arr.size != self.n_envs * self.layout.obs_size or (
+                arr.shape[arr.ndim - len(shape):] != shape and not isinstance(self.observation_space, spaces.Discrete)):
             want = (self.n_envs, *self.obs_shape)
             raise ValueError(f"add(): {what} has shape {arr.shape}, expected {want} (n_envs, *observation shape)")
         if arr.dtype != self._obs_dtype:
@@ -707,20 +712,25 @@ class ReplayBuffer(_SB3ReplayBuffer):
             ref = _OPEN.get(path)
         holder = ref() if ref is not None else None
         if holder is not None:  # this process still holds it (load_replay_buffer in the run that saved)
+            if not holder.store.closed and holder.store.generation != generation:
+                raise _stale(path, holder.store.generation, generation)  # (the live buffer goes on as it was)
             holder.close(commit=False, warn=False)
         store = ReplayStore.open(path, mode="r+", read_threads=self._read_threads)
         if store.generation != generation:
             store.close(commit=False)
-            raise ValueError(
-                f"the store at {path} was committed after this buffer was pickled (its commit {store.generation},"
-                f" the pickle's {generation}): it no longer holds the state the paired model checkpoint expects."
-                " Load the pickle taken with the newest commit, or open the store as it is with"
-                " mmreplay.ReplayStore.open(path)")
+            raise _stale(path, store.generation, generation)
         handle = _Handle(store, None)
         handle.paired = True
         self._attach(handle)
         assert handle.pending is not None
         handle.pending.last = [None if obs is None else self.layout.frames(obs[None])[0].tobytes() for obs in last]
+
+
+def _stale(path: str, committed: int, pickled: Any) -> ValueError:
+    return ValueError(
+        f"the store at {path} was committed after this buffer was pickled (its commit {committed}, the"
+        f" pickle's {pickled}): it no longer holds the state the paired model checkpoint expects. Load the"
+        " pickle taken with the newest commit, or open the store as it is with mmreplay.ReplayStore.open(path)")
 
 
 class _EpisodeEnds:

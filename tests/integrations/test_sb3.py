@@ -628,6 +628,57 @@ def test_a_buffer_collected_while_another_registers_its_store_does_not_hang(sb3,
         assert st.id_range == (0, 1)  # closed as close() would: what it held committed
 
 
+@pytest.mark.parametrize("n_envs", [1, 2])
+def test_observations_of_the_right_size_but_another_shape_are_refused(sb3, spaces, tmp_path, n_envs):
+    """Channels-last frames given to a channels-first space (a VecTransposeImage left out) have the right
+    number of values: SB3's buffer refuses them (they do not broadcast), and so does this one, writing
+    nothing; the observation without its env axis (one env) is taken, as SB3 takes it."""
+    space = spaces.Box(0, 255, (3, 10, 14), np.uint8)
+    act = spaces.Discrete(4)
+    buf = sb3.ReplayBuffer(100, space, act, device="cpu", n_envs=n_envs, path=tmp_path / "s")
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256, (n_envs, 3, 10, 14), dtype=np.uint8)
+    nxt = rng.integers(0, 256, (n_envs, 3, 10, 14), dtype=np.uint8)
+    a, r, d = np.zeros(n_envs, np.int64), np.ones(n_envs, np.float32), np.zeros(n_envs, bool)
+    infos = [{}] * n_envs
+    for bad in (obs.transpose(0, 2, 3, 1), obs.reshape(n_envs, 3 * 10 * 14)):
+        with pytest.raises(ValueError, match=rf"obs has shape .*expected \({n_envs}, 3, 10, 14\)"):
+            buf.add(bad, nxt, a, r, d, infos)
+    with pytest.raises(ValueError, match="next_obs has shape"):
+        buf.add(obs, nxt.transpose(0, 2, 3, 1), a, r, d, infos)
+    assert buf.size() == 0
+    buf.add(obs, nxt, a, r, d, infos)
+    if n_envs == 1:
+        buf.add(nxt[0], obs[0], a, r, d, infos)  # (no env axis)
+    assert buf.size() == (2 if n_envs == 1 else 1)
+    got = internals.sb3_samples(buf, buf.store.gather(buf.store.sampleable_ids()))
+    assert np.array_equal(got.observations.numpy()[:n_envs], obs)
+    buf.close()
+
+
+def test_loading_a_stale_pickle_leaves_the_live_buffer_alone(sb3, spaces, tmp_path):
+    """``load_replay_buffer`` of an older pickle of the buffer this process still holds raises, and the live
+    buffer goes on with its adds (it used to be closed first, its adds since the last pickle dropped)."""
+    import mmreplay as mr
+
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    buf = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "s")
+    o = np.zeros((1, 2), np.float32)
+    for i in range(9):
+        if i == 3:
+            blob = pickle.dumps(buf)  # the pickle loaded by mistake below
+        if i == 6:
+            pickle.dumps(buf)  # a newer one: the store is committed after the first
+        buf.add(o + i, o + i + 1, o, np.array([1.0]), np.array([False]), [{}])
+    with pytest.raises(ValueError, match="committed after this buffer was pickled"):
+        pickle.loads(blob)
+    assert not buf.store.closed and buf.size() == 9
+    buf.add(o + 9, o + 10, o, np.array([1.0]), np.array([False]), [{}])
+    buf.close(commit=True)
+    with mr.ReplayStore.open(tmp_path / "s", mode="r") as st:
+        assert st.id_range == (0, 10)
+
+
 def test_close_keeps_the_paired_commit(sb3, spaces, tmp_path):
     import mmreplay as mr
 
