@@ -215,9 +215,14 @@ class _Pending:
     BLOCK_ROWS = 256
 
     def __init__(self, n_envs: int, frame_shape: tuple[int, ...], obs_dtype: np.dtype, action_dtype: np.dtype,
-                 action_dim: int) -> None:
+                 action_dim: int, capacity: int) -> None:
         frame_bytes = max(1, int(np.prod(frame_shape)) * obs_dtype.itemsize)
         self.rows = max(1, min(self.BLOCK_ROWS, self.BLOCK_BYTES // frame_bytes))
+        if n_envs > 1:
+            # the envs' blocks are written one after the other, so a block's rows get ids after the other
+            # envs' rows of the same steps, and the oldest ids go first: a round of blocks (one per env)
+            # held to an eighth of the capacity keeps what each env retains within a block of the others
+            self.rows = min(self.rows, max(1, capacity // (8 * n_envs)))
         self.vector = n_envs > 1
         self.action_dtype, self.action_dim = action_dtype, action_dim
         self.last: list[bytes | None] = [None] * n_envs
@@ -367,7 +372,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
 
     def _attach(self, handle: _Handle) -> None:
         handle.pending = _Pending(self.n_envs, self.layout.frame_shape, self._obs_dtype, self._action_dtype,
-                                  self.action_dim)
+                                  self.action_dim, handle.store.capacity)
         self._handle = handle
         self._finalizer = weakref.finalize(self, _finalize, handle)
 

@@ -656,6 +656,32 @@ def test_observations_of_the_right_size_but_another_shape_are_refused(sb3, space
     buf.close()
 
 
+def test_every_env_keeps_its_recent_steps(sb3, spaces, tmp_path):
+    """Adds of several envs, long enough for the store to retire its oldest rows, with nothing sampled (as
+    before ``learning_starts``): each env keeps about its share of the newest steps, as SB3's buffer keeps
+    the last ``buffer_size // n_envs`` of each (the envs' pending blocks are written one after the other, so
+    a block's rows get later ids than the other envs' rows of the same steps: kept short against the
+    capacity, they cannot make the oldest ids an env's newest steps)."""
+    n, capacity, steps = 4, 200, 2000
+    box = spaces.Box(-1, 1, (3,), np.float32)
+    buf = sb3.ReplayBuffer(capacity, box, spaces.Discrete(2), device="cpu", n_envs=n, path=tmp_path / "s",
+                           chunk_size=16)
+    o = np.zeros((n, 3), np.float32)
+    for t in range(steps):  # (the reward names the env and the step)
+        buf.add(o + t, o + t + 1, np.zeros(n, np.int64), (np.arange(n) + 10 * t).astype(np.float32),
+                np.zeros(n, bool), [{}] * n)
+    st = buf.store
+    code = st.gather(st.sampleable_ids()).reward.astype(np.int64)
+    env, step = code % 10, code // 10
+    share = capacity // n
+    assert len(code) >= capacity - n
+    for i in range(n):
+        kept = np.sort(step[env == i])
+        assert kept.size >= share * 3 // 4, (i, kept.size)
+        assert kept[-1] == steps - 1 and np.array_equal(kept, np.arange(kept[0], steps))  # its newest, none skipped
+    buf.close()
+
+
 def test_loading_a_stale_pickle_leaves_the_live_buffer_alone(sb3, spaces, tmp_path):
     """``load_replay_buffer`` of an older pickle of the buffer this process still holds raises, and the live
     buffer goes on with its adds (it used to be closed first, its adds since the last pickle dropped)."""
