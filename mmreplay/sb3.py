@@ -659,12 +659,13 @@ class ReplayBuffer(_SB3ReplayBuffer):
         raise NotImplementedError("mmreplay.sb3.ReplayBuffer samples by transition id: call sample()")
 
     def reset(self) -> None:
-        """Empty the buffer (``store.clear()``): nothing added so far is sampled again."""
+        """Empty the buffer (``store.clear()``): nothing added so far is sampled again. Episodes still open go
+        on, as SB3's buffer lets them (the env keeps stepping): an add that continues one is part of it, its
+        stack reading the frames before the clear; one that does not starts a new episode."""
         super().reset()
         if self._handle is not None:
             self._handle.drop_feed()  # (its drawn batches hold rows being cleared)
             self.store.clear()
-        self._end_episodes()
 
     def _end_episodes(self) -> None:
         """The next add() of each env starts a new episode (the open one is truncated there)."""

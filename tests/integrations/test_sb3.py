@@ -781,6 +781,32 @@ def test_kill_9_reopens_at_the_last_pickle(sb3, tmp_path):
     buf.close(commit=False)
 
 
+def test_reset_mid_episode_goes_on_with_stacks(sb3, spaces, tmp_path):
+    """``reset()`` empties the buffer while the env keeps stepping (SB3 takes the next add as usual): with
+    stacked frames the next stack still holds frames added before the reset, and it is stored whole."""
+    space = spaces.Box(0, 255, (4, 10, 14), np.uint8)
+    buf = sb3.ReplayBuffer(100, space, spaces.Discrete(3), device="cpu", path=tmp_path / "s")
+    frames = np.random.default_rng(0).integers(0, 256, (40, 10, 14), dtype=np.uint8)
+
+    def stack(t):  # the newest four frames up to t, zeros before the episode's first
+        return np.stack([frames[i] if i >= 0 else np.zeros((10, 14), np.uint8) for i in range(t - 3, t + 1)])[None]
+
+    added = []
+    for t in range(30):
+        if t == 20:
+            buf.reset()
+            added.clear()
+        buf.add(stack(t), stack(t + 1), np.array([t % 3]), np.array([float(t)]), np.array([False]), [{}])
+        added.append(t)
+    assert buf.size() == 10
+    got = internals.sb3_samples(buf, buf.store.gather(buf.store.sampleable_ids()))
+    assert got.rewards[:, 0].tolist() == [float(t) for t in added]
+    for row, t in enumerate(added):
+        assert np.array_equal(got.observations[row].numpy(), stack(t)[0])
+        assert np.array_equal(got.next_observations[row].numpy(), stack(t + 1)[0])
+    buf.close(commit=False)
+
+
 def test_dones_cut_and_reset_empty(sb3, spaces, tmp_path):
     box = spaces.Box(-1e6, 1e6, (2,), np.float32)
     buf = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "s", optimize_memory_usage=True)
