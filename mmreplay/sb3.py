@@ -682,6 +682,15 @@ class ReplayBuffer(_SB3ReplayBuffer):
         raise AttributeError("mmreplay.sb3.ReplayBuffer keeps its flags in the store; dones is write-only by index")
 
     # -- pickling -----------------------------------------------------------------------------------------
+    def __copy__(self) -> ReplayBuffer:
+        raise TypeError("mmreplay.sb3.ReplayBuffer cannot be copied: its transitions live in one store, which one"
+                        " buffer holds at a time (a copy made through pickling would close this one). Pickle it"
+                        " (save_replay_buffer) and load that, or open the store itself with"
+                        " mmreplay.ReplayStore.open(buffer.store.path, mode='r') to read it beside this buffer")
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ReplayBuffer:
+        return self.__copy__()
+
     def __getstate__(self) -> dict[str, Any]:
         state = {k: v for k, v in self.__dict__.items() if k not in ("_handle", "_finalizer")}
         h = self._handle

@@ -807,6 +807,24 @@ def test_reset_mid_episode_goes_on_with_stacks(sb3, spaces, tmp_path):
     buf.close(commit=False)
 
 
+def test_a_copy_is_refused_and_the_buffer_goes_on(sb3, spaces, tmp_path):
+    """``copy.copy``/``copy.deepcopy`` would go through pickling, whose load closes the buffer this process
+    holds on the same store: refused with a clear error, and the buffer goes on."""
+    import copy
+
+    box = spaces.Box(-1, 1, (2,), np.float32)
+    buf = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "s")
+    o = np.zeros((1, 2), np.float32)
+    buf.add(o, o + 1, o, np.array([1.0]), np.array([False]), [{}])
+    for fn in (copy.copy, copy.deepcopy):
+        with pytest.raises(TypeError, match="cannot be copied.*ReplayStore.open"):
+            fn(buf)
+    assert not buf.store.closed
+    buf.add(o + 1, o + 2, o, np.array([1.0]), np.array([False]), [{}])
+    assert buf.size() == 2
+    buf.close(commit=False)
+
+
 def test_dones_cut_and_reset_empty(sb3, spaces, tmp_path):
     box = spaces.Box(-1e6, 1e6, (2,), np.float32)
     buf = sb3.ReplayBuffer(100, box, box, device="cpu", path=tmp_path / "s", optimize_memory_usage=True)
