@@ -52,6 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(f"mmreplay.sb3 needs stable-baselines3 ({exc}): pip install 'mmreplay[sb3]'") from exc
 
 from .errors import StoreClosedError
+from .options import default_chunk_size
 from .reading.batch import Batch
 from .store import ReplayStore
 
@@ -291,7 +292,10 @@ class ReplayBuffer(_SB3ReplayBuffer):
       frames one observation holds; ``1`` (or ``None``) stores whole observations.
     - ``pad``: how stacks are padded at an episode's start: ``"zeros"`` (``VecFrameStack``), ``"first"``
       (copies of the reset frame: ``FrameStackObservation``), ``"auto"`` (read from the first episode).
-    - ``compression``, ``chunk_size``, ``seed``, ``read_threads``: as in ``ReplayStore.create``.
+    - ``compression``, ``chunk_size``, ``seed``, ``read_threads``: as in ``ReplayStore.create``; without a
+      ``chunk_size`` the store's default is held to 1/16 of ``buffer_size`` (at least 256 rows), so the
+      transitions it keeps beyond ``buffer_size`` (up to two chunks) stay few: SB3 samples the last
+      ``buffer_size``.
 
     ``close(commit=None)`` releases the store; see its docstring for what it keeps.
     """
@@ -355,12 +359,16 @@ class ReplayBuffer(_SB3ReplayBuffer):
             temp = tempfile.mkdtemp(prefix="mmreplay-sb3-")
             path = temp
         c = self._create
+        chunk_size = c["chunk_size"]
+        if chunk_size is None:
+            frame_bytes = math.prod(self.layout.frame_shape) * self._obs_dtype.itemsize
+            chunk_size = _chunk_size(c["capacity"], frame_bytes, self.n_envs)
         try:
             store = ReplayStore.create(
                 path, c["capacity"], obs_shape=self.layout.frame_shape, obs_dtype=self._obs_dtype,
                 stack=self.layout.stack, n_step=c["n_step"], gamma=c["gamma"], action_shape=(self.action_dim,),
                 action_dtype=self._action_dtype, num_envs=self.n_envs, vector=self.n_envs > 1, pad=pad,
-                seed=c["seed"], chunk_size=c["chunk_size"], compression=c["compression"],
+                seed=c["seed"], chunk_size=chunk_size, compression=c["compression"],
                 read_threads=self._read_threads, metadata={"sb3": {"buffer_size": c["capacity"],
                                                                    "n_envs": self.n_envs}})
         except BaseException:
@@ -746,6 +754,17 @@ def _stale(path: str, committed: int, pickled: Any) -> ValueError:
         f"the store at {path} was committed after this buffer was pickled (its commit {committed}, the"
         f" pickle's {pickled}): it no longer holds the state the paired model checkpoint expects. Load the"
         " pickle taken with the newest commit, or open the store as it is with mmreplay.ReplayStore.open(path)")
+
+
+def _chunk_size(buffer_size: int, frame_bytes: int, n_envs: int) -> int:
+    """The buffer's chunk when none is given: the store's default, but at most 1/16 of ``buffer_size`` (at
+    least 256 rows, a multiple of ``n_envs``). The store keeps at least ``buffer_size`` transitions and up to
+    two chunks more, and SB3's buffer samples from exactly the last ``buffer_size``: the store's default chunk
+    of small frames (at least ~1 MiB of them) would make that window up to 80 times larger at 100
+    transitions, 1.6 times at 10,000. Not smaller than 256 rows: every chunk costs a roll and a seal."""
+    rows = max(256, buffer_size // 16)
+    rows = -(-rows // n_envs) * n_envs
+    return min(default_chunk_size(buffer_size, frame_bytes, n_envs), rows)
 
 
 class _EpisodeEnds:

@@ -682,6 +682,24 @@ def test_every_env_keeps_its_recent_steps(sb3, spaces, tmp_path):
     buf.close()
 
 
+@pytest.mark.parametrize("buffer_size,adds", [(100, 1500), (4800, 6000)])
+def test_the_sampled_window_stays_near_buffer_size(sb3, spaces, tmp_path, buffer_size, adds):
+    """SB3 samples from the last ``buffer_size`` transitions; the store keeps at least that many and up to
+    two chunks more, its chunk (without a ``chunk_size``) held to 1/16 of ``buffer_size``, at least 256 rows:
+    small observations no longer make the window many times larger (100: 7,773 kept, with chunks of at least
+    ~1 MiB of frames)."""
+    box = spaces.Box(-1, 1, (4,), np.float32)
+    buf = sb3.ReplayBuffer(buffer_size, box, spaces.Discrete(2), device="cpu", path=tmp_path / "s")
+    o = np.zeros((1, 4), np.float32)
+    for t in range(adds):
+        buf.add(o + t, o + t + 1, np.array([1]), np.array([float(t)]), np.array([t % 97 == 96]), [{}])
+    kept = buf.store.gather(buf.store.sampleable_ids()).reward
+    chunk = max(256, buffer_size // 16)
+    assert buffer_size <= len(buf.store) <= buffer_size + 2 * chunk + 1
+    assert kept.max() == adds - 1 and kept.min() >= adds - buffer_size - 2 * chunk - 1
+    buf.close(commit=False)
+
+
 def test_loading_a_stale_pickle_leaves_the_live_buffer_alone(sb3, spaces, tmp_path):
     """``load_replay_buffer`` of an older pickle of the buffer this process still holds raises, and the live
     buffer goes on with its adds (it used to be closed first, its adds since the last pickle dropped)."""
