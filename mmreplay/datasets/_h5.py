@@ -141,3 +141,31 @@ def row_reader(ds: Any) -> Any:
         return out
 
     return fetch
+
+
+def read_rows(ds: Any, rows: Any = ()) -> np.ndarray:
+    """``ds[rows]`` (all of it by default) as an array; a read h5py cannot make (a damaged chunk) raises
+    ``DatasetError`` naming the file and the dataset, where h5py's own error names neither."""
+    try:
+        return np.asarray(ds[rows])
+    except OSError as exc:
+        raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: cannot be read ({exc}); the file is"
+                           " damaged") from None
+
+
+def exact(values: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
+    """``values`` as ``dtype``, where the cast keeps every value (floats to a narrower float: rounded, never
+    overflowing); else ``DatasetError``. A cast that would wrap integers or drop a fraction is what a damaged or
+    mislabelled dataset looks like, never data to import."""
+    dtype = np.dtype(dtype)
+    if values.dtype == dtype:
+        return values
+    out = values.astype(dtype)
+    if values.dtype.kind == "f" and dtype.kind == "f":
+        same = bool(np.all(np.isfinite(out) | ~np.isfinite(values)))
+    else:
+        same = np.array_equal(out.astype(values.dtype), values)
+    if not same:
+        raise DatasetError(f"{what}: values of dtype {values.dtype} that {dtype} cannot hold as they are (the dataset"
+                           f" says {dtype}); the dataset is damaged or its dtypes do not match its description")
+    return out

@@ -39,7 +39,7 @@ from ._common import (
     step_pieces,
     summary_lines,
 )
-from ._h5 import H5Column, dataset_options, pool, row_reader
+from ._h5 import H5Column, dataset_options, pool, read_rows, row_reader
 from ._importing import ReadAhead, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
 from .errors import DatasetError
@@ -152,6 +152,11 @@ class _D4RL:
             if not isinstance(ds, h5py.Dataset) or ds.ndim < 1 or ds.shape[0] != self.n:
                 raise DatasetError(f"{where}: dataset {key!r} has shape {getattr(ds, 'shape', None)}, but"
                                    f" 'observations' has {self.n} rows; every key needs one row per step")
+        nxt = self.ds["next_observations"]
+        if nxt is not None and (nxt.shape[1:] != obs.shape[1:] or nxt.dtype != obs.dtype):
+            raise DatasetError(f"{where}: dataset 'next_observations' has rows of shape {tuple(nxt.shape[1:])}"
+                               f" {nxt.dtype}, 'observations' has {tuple(obs.shape[1:])} {obs.dtype}; they hold the"
+                               " same observations one step apart")
         rew = self.ds["rewards"]
         if rew.ndim > 2 or (rew.ndim == 2 and rew.shape[1] != 1):
             raise DatasetError(f"{where}: dataset 'rewards' has shape {rew.shape}; expected (N,) or (N, 1)")
@@ -166,11 +171,11 @@ class _D4RL:
 
     def _flag(self, key: str) -> np.ndarray:
         """A per-step flag of shape (N,) or (N, 1), any dtype, as bools."""
-        v = np.asarray(self.ds[key][()])
+        v = read_rows(self.ds[key])
         return (v.reshape(self.n, -1)[:, 0] if v.size else np.zeros(self.n)) != 0
 
     def returns(self) -> np.ndarray:
-        r = np.asarray(self.ds["rewards"][()], np.float64).reshape(-1)
+        r = read_rows(self.ds["rewards"]).astype(np.float64).reshape(-1)
         return np.add.reduceat(r, self.first) if self.first.size else np.zeros(0)
 
 
@@ -190,6 +195,12 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
         meta["source"] = {"format": "d4rl", "path": where if loc.remote else os.path.abspath(where), "steps": d.n,
                           "episodes": int(d.first.size), "next_observations": nxt is not None}
         extras = {name: (tuple(ds.shape[1:]), ds.dtype) for name, ds in d.infos.items()}
+        for name, spec in (layout.get("extras") or {}).items():  # (what the store this file came from held)
+            shape, dtype = (tuple(spec[0]), np.dtype(spec[1])) if isinstance(spec, list) and len(spec) == 2 else ((), None)
+            if extras.get(name) != (shape, dtype):
+                raise DatasetError(f"{where}: its 'mmreplay' attribute records the extra {name!r} of rows {shape}"
+                                   f" {dtype}, but 'infos/{name}' is {extras.get(name, 'missing or not one row per step')};"
+                                   " the file is damaged")
         with StoreBuilder(path) as b:
             store = b.create(capacity=capacity or max(1, d.n), obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype,
                              action_shape=tuple(acts.shape[1:]), action_dtype=acts.dtype, extras=extras or None,
@@ -210,9 +221,9 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
 
                     def steps(a: int, z: int, s0: int = s0) -> Steps:
                         sl = slice(s0 + a, s0 + z)
-                        return Steps(np.asarray(acts[sl]), np.asarray(rews[sl], np.float64).reshape(-1),
+                        return Steps(read_rows(acts, sl), read_rows(rews, sl).astype(np.float64).reshape(-1),
                                      d.terminals[sl], d.timeouts[sl] & ~d.terminals[sl],
-                                     {n: np.asarray(ds[sl]) for n, ds in d.infos.items()})
+                                     {n: read_rows(ds, sl) for n, ds in d.infos.items()})
 
                     feed_episode(store, length, frames, steps, final_missing, bar=bar, piece=piece)
             return b.finish()

@@ -45,7 +45,7 @@ from ._common import (
     step_pieces,
     summary_lines,
 )
-from ._h5 import H5Column, dataset_options, pool, row_reader
+from ._h5 import H5Column, dataset_options, exact, pool, read_rows, row_reader
 from ._importing import ReadAhead, Steps, StoreBuilder, feed_episode, sampling_params
 from ._location import Location
 from .errors import DatasetError, DatasetNotFoundError
@@ -251,7 +251,7 @@ class _Frames:
 
     def __call__(self, a: int, z: int) -> np.ndarray:
         if self._read is not None:
-            return np.asarray(self._read(a, z), self.dtype)
+            return exact(np.asarray(self._read(a, z)), self.dtype, f"{self.where}: observations")
         rows = self.ds[a:z]
         out = np.empty((z - a, *self.shape), self.dtype)
         for j, row in enumerate(rows):
@@ -317,12 +317,22 @@ def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | N
                     raise DatasetError(f"{h5}: episode_{e} has {g['observations'].shape[0]} observations and"
                                        f" {length} rewards; expected T+1 observations and T of everything else")
                 store_meta["source"]["jpeg_decoded"] |= not frames.raw
-                infos = {n: g[f"infos/{n}"] for n in extras}  # checked by _episode
+                infos = {n: g[f"infos/{n}"] for n in extras}  # (there: _episode)
+                wrong = [(k, tuple(ds.shape), want) for k, ds, want in (
+                    ("actions", g["actions"], (length, *act_shape)),
+                    *((f"infos/{n}", infos[n], (length + 1, *extras[n][0])) for n in extras)) if tuple(ds.shape) != want]
+                if wrong:
+                    k, got, want = wrong[0]
+                    raise DatasetError(f"{h5}: episode_{e}: {k} has shape {got}, expected {want} (the spaces in"
+                                       " metadata.json, one row per step; infos also the reset's)")
 
-                def steps(a: int, z: int, g: Any = g, infos: dict[str, Any] = infos) -> Steps:
-                    return Steps(np.asarray(g["actions"][a:z]), np.asarray(g["rewards"][a:z], np.float64).reshape(-1),
-                                 np.asarray(g["terminations"][a:z]), np.asarray(g["truncations"][a:z]),
-                                 {n: np.asarray(ds[a + 1:z + 1]) for n, ds in infos.items()})
+                def steps(a: int, z: int, g: Any = g, infos: dict[str, Any] = infos, e: int = e) -> Steps:
+                    # (integer actions are written as int64, the action space's dtype is recorded beside them)
+                    sl = slice(a, z)
+                    return Steps(exact(read_rows(g["actions"], sl), act_dtype, f"{h5}: episode_{e}: actions"),
+                                 read_rows(g["rewards"], sl).astype(np.float64).reshape(-1),
+                                 read_rows(g["terminations"], sl), read_rows(g["truncations"], sl),
+                                 {n: read_rows(ds, slice(a + 1, z + 1)) for n, ds in infos.items()})
 
                 with ReadAhead(frames, length + 1, piece) as ahead:
                     feed_episode(store, length, ahead.read, steps,

@@ -500,3 +500,112 @@ def test_minari_jpeg_frame_of_the_wrong_size(tmp_path):
         for i in range(n):
             ds[i] = np.frombuffer(buf.getvalue(), np.uint8)
     refused(tmp_path, data.parent, DatasetError, "4000x4000", "(32, 32)")
+
+
+# -- dtypes, shapes and extras checked against what the dataset declares ----------------------------------
+def _store_with_extra(path):
+    """Episodes with a (2,) float32 extra and uint8 actions (0..5)."""
+    rng = np.random.default_rng(1)
+    s = mr.ReplayStore.create(path, capacity=100, obs_shape=(4,), obs_dtype="uint8", stack=2, action_dtype="uint8",
+                              extras={"x": ((2,), "float32")})
+    for _ in range(3):
+        s.reset(rng.integers(0, 255, 4, dtype=np.uint8))
+        for t in range(6):
+            s.step(np.uint8(rng.integers(0, 6)), 1.0, rng.integers(0, 255, 4, dtype=np.uint8), t == 5, False,
+                   x=rng.random(2, dtype=np.float32))
+    s.close()
+    return str(path)
+
+
+def _all_rows(path):
+    with mr.ReplayStore.open(path, mode="r") as s:
+        return s.gather(s.sampleable_ids())
+
+
+def test_minari_round_trip_keeps_unsigned_integer_actions(tmp_path):
+    """Minari files hold integer actions as int64; the action dtype recorded beside them (uint8) comes back."""
+    src = _store_with_extra(tmp_path / "src")
+    export(src, tmp_path / "root", format="minari", dataset_id="t/u8-v0", progress=False)
+    import_dataset(tmp_path / "root" / "t" / "u8-v0", tmp_path / "back", progress=False).close()
+    a, b = _all_rows(src), _all_rows(tmp_path / "back")
+    assert b.action.dtype == np.uint8 and np.array_equal(a.action, b.action)
+    assert np.array_equal(a.extras["x"], b.extras["x"]) and np.array_equal(a.obs, b.obs)
+
+
+def test_minari_values_that_do_not_fit_their_space_or_shape_are_refused(tmp_path):
+    src = _store_with_extra(tmp_path / "src")
+    export(src, tmp_path / "root", format="minari", dataset_id="t/u8-v0", progress=False)
+    data = tmp_path / "root" / "t" / "u8-v0"
+    kept = tmp_path / "kept.hdf5"
+    shutil.copy(data / "data" / "main_data.hdf5", kept)
+
+    def rewrite(key, values):
+        shutil.copy(kept, data / "data" / "main_data.hdf5")
+        with h5py.File(data / "data" / "main_data.hdf5", "a") as f:
+            del f[key]
+            f[key] = values
+
+    obs = np.asarray(h5py.File(kept, "r")["episode_1/observations"])
+    rewrite("episode_1/observations", obs.astype(np.int64) * 300)  # (would wrap modulo 256 as uint8)
+    refused(tmp_path, data, DatasetError, "episode_1: observations", "int64", "uint8")
+    rewrite("episode_1/observations", obs + 0.5)  # (would lose the fraction)
+    refused(tmp_path, data, DatasetError, "episode_1: observations", "float64")
+    acts = np.asarray(h5py.File(kept, "r")["episode_1/actions"])
+    rewrite("episode_1/actions", acts + 300)
+    refused(tmp_path, data, DatasetError, "episode_1: actions", "uint8")
+    rewrite("episode_1/actions", acts[:, None])
+    refused(tmp_path, data, DatasetError, "episode_1: actions has shape (6, 1), expected (6,)")
+    x = np.asarray(h5py.File(kept, "r")["episode_1/infos/x"])
+    rewrite("episode_1/infos/x", x[:-2])
+    refused(tmp_path, data, DatasetError, "episode_1: infos/x has shape (5, 2), expected (7, 2)")
+
+
+def test_zarr_extras_of_another_length_or_missing_are_refused(tmp_path):
+    import warnings
+
+    import zarr
+
+    src = _store_with_extra(tmp_path / "src")
+    export(src, tmp_path / "d.zarr", progress=False)
+    root = tmp_path / "d.zarr"
+    saved = tmp_path / "saved.zarr"
+    shutil.copytree(root, saved)
+    _zarr_resize(root, ["extras/x"], 5)
+    refused(tmp_path, root, DatasetError, "array 'extras/x' has 5 rows, 'actions' has 18")
+    shutil.rmtree(root)
+    shutil.copytree(saved, root)
+    shutil.rmtree(root / "extras" / "x")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        zarr.consolidate_metadata(str(root))
+    refused(tmp_path, root, DatasetError, "declares 'x'", "missing")
+
+
+def test_hdf5_next_observations_and_recorded_extras_are_checked(tmp_path):
+    src = _store_with_extra(tmp_path / "src")
+    p = tmp_path / "d.hdf5"
+    export(src, p, format="hdf5", next_observations=True, progress=False)
+    kept = tmp_path / "kept.hdf5"
+    shutil.copy(p, kept)
+    with h5py.File(p, "a") as f:
+        nxt = np.asarray(f["next_observations"])
+        del f["next_observations"]
+        f["next_observations"] = nxt.astype(np.int64)
+    refused(tmp_path, p, DatasetError, "'next_observations'", "int64", "uint8")
+    shutil.copy(kept, p)
+    with h5py.File(p, "a") as f:
+        del f["infos/x"]
+    refused(tmp_path, p, DatasetError, "records the extra 'x'", "'infos/x'")
+
+
+def test_hdf5_damaged_chunk_of_a_step_key_names_it(tmp_path):
+    """A chunk h5py cannot decode (its filter fails) in ``rewards``: the error names the file and the key."""
+    src = _store_with_extra(tmp_path / "src")
+    p = tmp_path / "d.hdf5"
+    export(src, p, format="hdf5", progress=False)
+    with h5py.File(p, "r") as f:
+        info = f["rewards"].id.get_chunk_info(0)
+    with open(p, "r+b") as f:
+        f.seek(info.byte_offset)
+        f.write(b"\xff" * info.size)
+    refused(tmp_path, p, DatasetError, str(p), "'/rewards'", "damaged")
