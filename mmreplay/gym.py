@@ -181,7 +181,10 @@ class _Recording:
                              f" extras=lambda {info_name}: {{...}} to compute them")
         self.store = store
         self._extras = extras
-        self._dtype = store.schema.obs_dtype
+        # frames are cast to the store's dtype (an env's float64 into a float32 store), but a quantizing store
+        # takes floating frames as they come: it stores round(x * 255) and refuses values outside [0, 1],
+        # where a cast to uint8 first would truncate them (to 0 for most of [0, 1])
+        self._dtype = None if store.schema.quantize else store.schema.obs_dtype
 
     def _record_reset(self, seed: int | None, options: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         obs, info = self.env.reset(seed=seed, options=options)
@@ -292,6 +295,8 @@ class RecordVectorToStore(_Recording, VectorWrapper[Any, Any, Any, Any, Any]):
             for i in np.flatnonzero(ended):
                 nxt[i] = np.asarray(final[i], self._dtype)
         xs = self._extras(infos) if self._extras is not None else {}
+        if xs and self.mode == "SAME_STEP" and ended.any():
+            xs = self._final_extras(xs, infos, ended)
         self.store.step(actions, reward, nxt, terminated, truncated, **xs)
         if self.mode == "SAME_STEP":
             for i in np.flatnonzero(ended):
@@ -299,6 +304,23 @@ class RecordVectorToStore(_Recording, VectorWrapper[Any, Any, Any, Any, Any]):
         else:
             self._ended |= ended
         return obs, reward, terminated, truncated, infos
+
+
+    def _final_extras(self, xs: dict[str, Any], infos: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
+        """SAME_STEP: an ended env's info of this step is in ``infos["final_info"]`` (``infos`` holds its next
+        episode's reset info there), so its extras are computed from that."""
+        final = infos.get("final_info")
+        if final is None:
+            raise ValueError("RecordVectorToStore: a SAME_STEP episode ended without infos['final_info']; the extras"
+                             " of its last transition cannot be computed (use gymnasium's vector envs, which provide it)")
+        assert self._extras is not None
+        at_end = self._extras(final)
+        out = {}
+        for name, value in xs.items():
+            value = np.array(value, copy=True)
+            value[ended] = np.asarray(at_end[name])[ended]
+            out[name] = value
+        return out
 
 
 # -- Atari -----------------------------------------------------------------------------------------------

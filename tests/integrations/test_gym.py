@@ -288,3 +288,89 @@ def test_atari_recorder_equals_a_hand_loop(gym, mg, tmp_path):
     frames = store.gather(np.arange(200, 210)).obs
     assert frames.std() > 10 and not np.array_equal(frames[0, -1], frames[-1, -1])  # a real, moving screen
     store.close()
+
+
+def _counting_env(gym, length=4, frames=None):
+    """An env whose observation is (episode, step) and whose step info says the episode (its reset info says
+    the next one): every frame and every info is identifiable. ``frames``: float frames in [0, 1] instead."""
+    from gymnasium import spaces
+
+    class Counting(gym.Env):
+        def __init__(self):
+            self.observation_space = (spaces.Box(0.0, 1.0, (2,), np.float32) if frames else
+                                      spaces.Box(0.0, 1e6, (2,), np.float32))
+            self.action_space = spaces.Discrete(2)
+            self.ep, self.t = -1, 0
+
+        def _obs(self):
+            v = np.array([self.ep, self.t], np.float32)
+            return v / 10.0 if frames else v
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.ep, self.t = self.ep + 1, 0
+            return self._obs(), {"ep": np.float32(self.ep + 100)}  # (not the step's: a reset's info)
+
+        def step(self, action):
+            self.t += 1
+            return self._obs(), 1.0, self.t == length, False, {"ep": np.float32(self.ep)}
+
+    return Counting
+
+
+def test_same_step_extras_of_an_ending_step_come_from_its_final_info(gym, mg, tmp_path):
+    """SAME_STEP puts an ended env's step info in ``infos["final_info"]`` (``infos`` holds its next episode's
+    reset info there): the extras of that last transition are computed from the step's own info."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    env_fn = _counting_env(gym)
+    envs = SyncVectorEnv([env_fn, env_fn, env_fn], autoreset_mode=AutoresetMode.SAME_STEP)
+    rec = mg.RecordVectorToStore.create(envs, tmp_path / "s", capacity=500, extras={"ep": ((), "float32")},
+                                        extras_fn=lambda infos: {"ep": np.asarray(infos["ep"], np.float32)})
+    with rec.store as store:
+        rec.reset(seed=0)
+        for _ in range(14):
+            rec.step(np.zeros(3, np.int64))
+        b = store.gather(store.sampleable_ids())
+        ends = b.terminated.sum()
+        assert ends >= 6
+        assert np.array_equal(b.extras["ep"], b.obs[:, -1, 0])  # each transition's own episode, ends included
+
+
+def _q(t):
+    """Step ``t``'s frame value (t / 10 as float32) as a quantizing store keeps it."""
+    return round(float(np.float32(t / 10)) * 255)
+
+
+def test_recorders_leave_floating_frames_to_a_quantizing_store(gym, mg, tmp_path):
+    """A store made with ``quantize=True`` takes floating frames in [0, 1] and stores round(x * 255); the
+    recorders hand them over as they come (a cast to uint8 first stored zeros), and a frame out of range
+    raises as ``step()`` does."""
+    from gymnasium.vector import AutoresetMode, SyncVectorEnv
+
+    env_fn = _counting_env(gym, frames=True)
+    env = env_fn()
+    with mr.ReplayStore.from_env(env, tmp_path / "a", capacity=100, obs_dtype="uint8", quantize=True) as s:
+        rec = mg.RecordToStore(env, s)
+        rec.reset(seed=0)
+        for _ in range(3):
+            rec.step(0)
+        b = s.gather(s.sampleable_ids())
+        assert b.obs.dtype == np.uint8 and b.next_obs[:, -1, 1].tolist() == [_q(t) for t in (1, 2, 3)]
+    for mode in (AutoresetMode.NEXT_STEP, AutoresetMode.SAME_STEP):
+        envs = SyncVectorEnv([env_fn, env_fn], autoreset_mode=mode)
+        rec = mg.RecordVectorToStore.create(envs, tmp_path / mode.name, capacity=100, obs_dtype="uint8", quantize=True)
+        with rec.store as s:
+            rec.reset(seed=0)
+            for _ in range(6):
+                rec.step(np.zeros(2, np.int64))
+            b = s.gather(s.sampleable_ids())
+            steps = sorted(set(b.next_obs[:, -1, 1].tolist()))
+            assert steps == [_q(t) for t in (1, 2, 3, 4)]  # every step's frame, quantized (none truncated to 0)
+    far = _counting_env(gym, length=20, frames=True)()
+    with mr.ReplayStore.from_env(far, tmp_path / "far", capacity=100, obs_dtype="uint8", quantize=True) as s:
+        rec = mg.RecordToStore(far, s)
+        rec.reset(seed=0)
+        with pytest.raises(ValueError, match=r"quantize=True takes floating frames in \[0, 1\], got .*1\.1"):
+            for _ in range(12):  # step 11 gives 1.1
+                rec.step(0)
