@@ -33,7 +33,7 @@ from ..options import Schema
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._location import Location
-from .errors import DatasetNotFoundError
+from .errors import DatasetError, DatasetNotFoundError
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +179,27 @@ def layout_attrs(schema: Schema, metadata: dict[str, Any]) -> dict[str, Any]:
         "metadata": metadata, "created_by": f"mmreplay {_version()}",
         "created_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     }
+
+
+def check_declared_extras(declared: Any, extras: dict[str, tuple[tuple[int, ...], Any]], where: str, what: str,
+                          array: str) -> None:
+    """Every extra ``declared`` (``layout_attrs``' ``extras`` as an export wrote them, read back from ``what``)
+    is among ``extras`` (name: (row shape, dtype), the dataset's arrays, stored as ``array.format(name)``) as
+    declared: a lost or damaged array would import as a store without that extra."""
+    declared = declared or {}
+    if not isinstance(declared, dict):
+        raise DatasetError(f"{where}: {what} holds extras {declared!r}, expected {{name: [shape, dtype]}}")
+    for name, spec in declared.items():
+        try:
+            want = (tuple(int(n) for n in spec[0]), np.dtype(spec[1]))
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
+            raise DatasetError(f"{where}: {what} holds the extra {name!r} as {spec!r}, expected [shape, dtype]"
+                               f" ({exc})") from None
+        got = extras.get(name)
+        if got is None or (got[0], np.dtype(got[1])) != want:
+            found = "missing or not one row per step" if got is None else f"{got[0]} {got[1]}"
+            raise DatasetError(f"{where}: {what} declares the extra {name!r} with rows {want[0]} {want[1]}, but"
+                               f" {array.format(name)} is {found}; the dataset is damaged")
 
 
 def _version() -> str:

@@ -29,6 +29,7 @@ from ._bounds import h5_get, h5_names, nbytes, rows_per_piece
 from ._common import (
     ExportResult,
     ProgressArg,
+    check_declared_extras,
     frame_pieces,
     layout_attrs,
     open_reader,
@@ -195,12 +196,7 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
         meta["source"] = {"format": "d4rl", "path": where if loc.remote else os.path.abspath(where), "steps": d.n,
                           "episodes": int(d.first.size), "next_observations": nxt is not None}
         extras = {name: (tuple(ds.shape[1:]), ds.dtype) for name, ds in d.infos.items()}
-        for name, spec in (layout.get("extras") or {}).items():  # (what the store this file came from held)
-            shape, dtype = (tuple(spec[0]), np.dtype(spec[1])) if isinstance(spec, list) and len(spec) == 2 else ((), None)
-            if extras.get(name) != (shape, dtype):
-                raise DatasetError(f"{where}: its 'mmreplay' attribute records the extra {name!r} of rows {shape}"
-                                   f" {dtype}, but 'infos/{name}' is {extras.get(name, 'missing or not one row per step')};"
-                                   " the file is damaged")
+        check_declared_extras(layout.get("extras"), extras, where, "its 'mmreplay' attribute", "'infos/{}'")
         with StoreBuilder(path) as b:
             store = b.create(capacity=capacity or max(1, d.n), obs_shape=tuple(obs.shape[1:]), obs_dtype=obs.dtype,
                              action_shape=tuple(acts.shape[1:]), action_dtype=acts.dtype, extras=extras or None,

@@ -42,6 +42,7 @@ from ._common import (
     ExportResult,
     ProgressArg,
     atomic_output,
+    check_declared_extras,
     frame_pieces,
     layout_attrs,
     open_reader,
@@ -353,25 +354,6 @@ def _array_names(g: Any) -> list[str]:
     return arrays
 
 
-def _check_declared_extras(attrs: dict[str, Any], extras: dict[str, tuple[tuple[int, ...], Any]], where: str) -> None:
-    """Every extra the root attributes declare (the store's, as exported) is there as declared: a lost
-    ``extras/<name>`` array would import as a store without it."""
-    declared = attrs.get("extras") or {}
-    if not isinstance(declared, dict):
-        raise DatasetError(f"{where}: attribute 'extras' is {declared!r}, expected {{name: [shape, dtype]}}")
-    for name, spec in declared.items():
-        try:
-            want = (tuple(int(n) for n in spec[0]), np.dtype(spec[1]))
-        except (TypeError, ValueError, IndexError, KeyError) as exc:
-            raise DatasetError(f"{where}: attribute 'extras' entry {name!r} is {spec!r}, expected [shape, dtype]"
-                               f" ({exc})") from None
-        got = extras.get(name)
-        if got is None or (got[0], np.dtype(got[1])) != want:
-            raise DatasetError(f"{where}: attribute 'extras' declares {name!r} with rows {want[0]} {want[1]}, but"
-                               f" array 'extras/{name}' is {'missing' if got is None else f'{got[0]} {got[1]}'};"
-                               " the dataset is damaged")
-
-
 def _check_layout(g: Any, where: str) -> tuple[int, int, int]:
     """Declared shapes, before anything is read: consistent row counts, rows and chunks of sane size.
     Returns (episodes, frames, steps)."""
@@ -456,7 +438,7 @@ def import_zarr(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
     obs, acts = g["observations"], g["actions"]
     x_arrays = dict(g["extras"].arrays()) if "extras" in g else {}
     extras = {name: (tuple(a.shape[1:]), a.dtype) for name, a in x_arrays.items()}
-    _check_declared_extras(attrs, extras, where)
+    check_declared_extras(attrs.get("extras"), extras, where, "attribute 'extras'", "array 'extras/{}'")
     meta = dict(attrs.get("metadata") or {})
     meta["source"] = {"format": "zarr", "path": where, "episodes": n_eps, "steps": n_steps}
     piece = rows_per_piece(nbytes(obs.shape[1:], obs.dtype))

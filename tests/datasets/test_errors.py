@@ -578,7 +578,7 @@ def test_zarr_extras_of_another_length_or_missing_are_refused(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         zarr.consolidate_metadata(str(root))
-    refused(tmp_path, root, DatasetError, "declares 'x'", "missing")
+    refused(tmp_path, root, DatasetError, "declares the extra 'x'", "missing")
 
 
 def test_hdf5_next_observations_and_recorded_extras_are_checked(tmp_path):
@@ -595,7 +595,7 @@ def test_hdf5_next_observations_and_recorded_extras_are_checked(tmp_path):
     shutil.copy(kept, p)
     with h5py.File(p, "a") as f:
         del f["infos/x"]
-    refused(tmp_path, p, DatasetError, "records the extra 'x'", "'infos/x'")
+    refused(tmp_path, p, DatasetError, "declares the extra 'x'", "'infos/x'", "missing")
 
 
 def test_hdf5_damaged_chunk_of_a_step_key_names_it(tmp_path):
