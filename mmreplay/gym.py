@@ -305,7 +305,6 @@ class RecordVectorToStore(_Recording, VectorWrapper[Any, Any, Any, Any, Any]):
             self._ended |= ended
         return obs, reward, terminated, truncated, infos
 
-
     def _final_extras(self, xs: dict[str, Any], infos: dict[str, Any], ended: np.ndarray) -> dict[str, Any]:
         """SAME_STEP: an ended env's info of this step is in ``infos["final_info"]`` (``infos`` holds its next
         episode's reset info there), so its extras are computed from that."""

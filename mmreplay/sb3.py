@@ -557,7 +557,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         arr = value if type(value) is np.ndarray else np.asarray(value)
         # the observation's own axes last, as SB3's buffer takes them (it broadcasts into (n_envs, *shape));
         # Discrete observations are reshaped there, whatever their shape
-        shape = tuple(self.obs_shape)
+        shape = self.obs_shape
         if arr.size != self.n_envs * self.layout.obs_size or (
                 arr.shape[arr.ndim - len(shape):] != shape and not isinstance(self.observation_space, spaces.Discrete)):
             want = (self.n_envs, *self.obs_shape)
@@ -760,8 +760,8 @@ def _chunk_size(buffer_size: int, frame_bytes: int, n_envs: int) -> int:
     """The buffer's chunk when none is given: the store's default, but at most 1/16 of ``buffer_size`` (at
     least 256 rows, a multiple of ``n_envs``). The store keeps at least ``buffer_size`` transitions and up to
     two chunks more, and SB3's buffer samples from exactly the last ``buffer_size``: the store's default chunk
-    of small frames (at least ~1 MiB of them) would make that window up to 80 times larger at 100
-    transitions, 1.6 times at 10,000. Not smaller than 256 rows: every chunk costs a roll and a seal."""
+    of small frames (at least ~1 MiB of them) would make that window many times ``buffer_size`` in a small
+    buffer. Not smaller than 256 rows: every chunk costs a roll and a seal."""
     rows = max(256, buffer_size // 16)
     rows = -(-rows // n_envs) * n_envs
     return min(default_chunk_size(buffer_size, frame_bytes, n_envs), rows)

@@ -317,7 +317,7 @@ def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | N
                     raise DatasetError(f"{h5}: episode_{e} has {g['observations'].shape[0]} observations and"
                                        f" {length} rewards; expected T+1 observations and T of everything else")
                 store_meta["source"]["jpeg_decoded"] |= not frames.raw
-                infos = {n: g[f"infos/{n}"] for n in extras}  # (there: _episode)
+                infos = {n: g[f"infos/{n}"] for n in extras}  # (that they exist: _episode; their shapes: here)
                 wrong = [(k, tuple(ds.shape), want) for k, ds, want in (
                     ("actions", g["actions"], (length, *act_shape)),
                     *((f"infos/{n}", infos[n], (length + 1, *extras[n][0])) for n in extras)) if tuple(ds.shape) != want]
