@@ -133,6 +133,17 @@ def _write_shard(path: Location, data: np.ndarray, chunk_rows: int, chunks_per_s
     path.write_bytes(b"".join(parts))  # a file, or one object of a remote store
 
 
+@contextlib.contextmanager
+def _shard_writer() -> Iterator[ThreadPoolExecutor]:
+    """The thread that writes an export's shards; on leaving, queued writes are cancelled and the running
+    one waited for, whether the export completed or failed."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-zarr")
+    try:
+        yield pool
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class _Column:
     """A sharded zarr array written front to back, a whole shard at a time, by a background thread.
 
@@ -227,7 +238,7 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
             raise ValueError(f"{key}: expected a positive int, got {size!r}")
     t0 = time.perf_counter()
     final = Location.of(out, storage_options)
-    with open_reader(store) as s, _target(final, overwrite, progress) as (tmp, data):
+    with open_reader(store) as s, _target(final, overwrite, progress) as (tmp, data), contextlib.ExitStack() as stack:
         selection = select_for_export(s)
         t, order = selection.table, selection.order
         sch = s.schema
@@ -237,7 +248,9 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
                         "num_episodes": n_eps, "num_steps": n_steps, "num_frames": n_frames})
 
         encode = _Encoder(compression, level)
-        writer = ThreadPoolExecutor(1, thread_name_prefix="mmreplay-zarr")
+        # stopped (queued shards cancelled, the one being written waited for) before _target removes a failed
+        # export: a write still queued would otherwise land after the cleanup and leave an object at ``out``
+        writer = stack.enter_context(_shard_writer())
 
         def array(group: Any, name: str, rows: int, shape: tuple[int, ...], dtype: Any, chunk_rows: int,
                   axis: str) -> _Column:
@@ -278,11 +291,8 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
                     cols["truncations"].append(st.truncated)
                     for name, v in st.extras.items():
                         cols["x_" + name].append(v)
-            try:
-                for c in cols.values():
-                    c.close()
-            finally:
-                writer.shutdown(cancel_futures=True)
+            for c in cols.values():
+                c.close()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "consolidated metadata is not part of the v3 spec": we know
             zarr.consolidate_metadata(tmp)

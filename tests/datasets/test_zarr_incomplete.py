@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
+import time
 
 import google_crc32c
 import numpy as np
@@ -61,3 +63,64 @@ def test_the_complete_export_imports_and_a_chunk_absent_from_its_shard_is_refuse
     shard.write_bytes(bytes(raw))
     with pytest.raises(DatasetError, match="chunk 0 is absent from its shard"):
         import_dataset(str(copy), str(tmp_path / "back"), progress=False)
+
+
+class _Interrupted(Exception):
+    pass
+
+
+class _StopAfter:
+    """A progress bar that interrupts the export once some frames were written (as Ctrl-C would)."""
+
+    def __init__(self, total, desc):
+        self.n = 0
+
+    def update(self, n=1):
+        self.n += n
+        if self.n > 600:
+            raise _Interrupted
+
+    def close(self):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_an_interrupted_export_leaves_nothing_once_it_returns(tmp_path, monkeypatch, remote):
+    # shard writes slowed (a remote PUT): some are still queued when the export fails
+    from mmreplay.datasets import zarr_format
+
+    write = zarr_format._write_shard
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(zarr_format, "_write_shard", slow)
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=5000, obs_shape=(8, 8), chunk_size=256)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        s.reset(rng.integers(0, 255, (8, 8), dtype=np.uint8))
+        s.extend(rng.integers(0, 4, 100), rng.standard_normal(100), rng.integers(0, 255, (100, 8, 8), dtype=np.uint8),
+                 np.arange(100) == 99, np.zeros(100, bool))
+    s.close()
+    out = f"memory://interrupted-{os.getpid()}/out.zarr" if remote else str(tmp_path / "out" / "d.zarr")
+    if not remote:
+        os.mkdir(tmp_path / "out")
+    with pytest.raises(_Interrupted):
+        export(str(tmp_path / "s"), out, progress=_StopAfter, shard_bytes=1024, compression=None)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("mmreplay-zarr")]
+    time.sleep(0.2)  # (a write left running would land in this time)
+    if remote:
+        import fsspec
+
+        left = [k for k in fsspec.filesystem("memory").store if f"/interrupted-{os.getpid()}/" in k]
+    else:
+        left = os.listdir(tmp_path / "out")
+    assert left == []
+    export(str(tmp_path / "s"), out, progress=False, shard_bytes=1024, compression=None)  # the rerun is not refused
