@@ -69,6 +69,25 @@ class Prioritized:
         return cls(alpha=d["alpha"], beta=d["beta"], eps=d["eps"])
 
 
+# counts past this are never reached (a store appends well under 2**40 transitions a year); bounds beyond it
+# are "no bound", where a float quotient no longer tells neighbouring integers apart
+COUNT_LIMIT = 2**62
+
+
+def floor_ratio(rhs: float, spi: float) -> int:
+    """The largest integer ``a`` with ``spi * a <= rhs`` as the rate limit computes it (floats), or
+    ``COUNT_LIMIT`` when that is larger (``rhs >= 0``, ``spi > 0``)."""
+    q = rhs / spi
+    if not q < 2**52:  # (also inf: a tiny spi)
+        return COUNT_LIMIT
+    a = math.floor(q)
+    while spi * (a + 1) <= rhs:  # the division may round either way: settle it (a step or two)
+        a += 1
+    while a > 0 and spi * a > rhs:
+        a -= 1
+    return a
+
+
 @dataclass(frozen=True)
 class RateLimit:
     """Samples per insert (Reverb's ``SampleToInsertRatio``), held across every process of a store.
@@ -102,6 +121,13 @@ class RateLimit:
     def from_json(cls, d: dict[str, Any]) -> RateLimit:
         return cls(samples_per_insert=d["samples_per_insert"], min_size=d["min_size"],
                    error_buffer=d["error_buffer"], timeout=d["timeout"])
+
+    @property
+    def most_inserted_at_once(self) -> int:
+        """The longest block of transitions (``extend``) the limit can ever allow: the writer may store n
+        when ``spi * (inserted + n) <= sampled + error_buffer + spi * min_size`` and readers keep ``sampled
+        <= spi * inserted + error_buffer``, so ``spi * n <= 2 * error_buffer + spi * min_size``."""
+        return floor_ratio(2 * self.error_buffer + self.samples_per_insert * self.min_size, self.samples_per_insert)
 
     def check_schema(self, capacity: int, n_step: int, num_envs: int) -> None:
         """Refuse limits a store could never meet (a writer and its readers would wait on each other)."""

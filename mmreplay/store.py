@@ -436,6 +436,7 @@ class ReplayStore:
                 writer = self._check_writable()
                 s, blk = writer.check_extend(env, actions, rewards, next_obs, terminated, truncated, extras,
                                              final_missing)
+                limit.check_block(blk.length)
                 if limit.fits(blk.length):
                     try:
                         first = writer.write_extend(s, blk, bool(final_missing))

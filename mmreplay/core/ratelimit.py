@@ -49,14 +49,14 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
-from ..errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError
+from ..errors import CorruptStoreError, RateLimitTimeout, ReadOnlyStoreError, StoreClosedError
 from ..native import busguard
 from ..native.busguard import COUNT, counter
-from ..options import RateLimit, Schema
+from ..options import RateLimit, Schema, floor_ratio
 from ..storage.files import create_exclusive, open_regular
 from .snapshot import SNAPSHOT_KEY
 
@@ -141,6 +141,7 @@ class RateLimiter:
         self._c: memoryview | None = None
         self._wc = memoryview(bytearray(8 * SLOTS)).cast("q")  # the writer's view of the counters (hot path)
         self._problem = ""  # why counting is impossible here (a read-only directory), if it is
+        self._closed = False
         self._ins = 0  # writer: inserted, as published
         self._allowed = -1  # writer: the largest inserted the last sampled count it read allows
         self._size_due = 0  # writer: inserted count at which the published size is refreshed
@@ -308,9 +309,14 @@ class RateLimiter:
     def _counters(self) -> memoryview:
         """The mapped counts, after checking the file still holds them (see ``_check_file``)."""
         if self._c is None:
-            raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+            self._unusable()
         self._check_file(os.fstat(self._fd))
         return self._c
+
+    def _unusable(self) -> NoReturn:
+        if self._closed:  # (by another thread, while this one waited for the limit)
+            raise StoreClosedError(f"the store {self.root} was closed (by another thread)")
+        raise ReadOnlyStoreError(self._problem)
 
     def _check_file(self, st: os.stat_result) -> None:
         """The counters file is still the store's (not deleted or replaced: counting on would split the
@@ -369,12 +375,11 @@ class RateLimiter:
     def _can_insert(self, n: int) -> bool:
         """Recompute the writer's bound from the shared sampled count; whether ``n`` more fit under it."""
         c = self._counters()
-        rhs = c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + self._eb + self._spi * self._min
-        allowed = math.floor(rhs / self._spi)
-        while self._spi * (allowed + 1) <= rhs:  # the division may round either way: settle it exactly
-            allowed += 1
-        while self._spi * allowed > rhs:
-            allowed -= 1
+        allowed = floor_ratio(c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + self._eb + self._spi * self._min, self._spi)
+        if 0 <= self._size < self._min:
+            # below min_size (transitions invalidated) readers wait for the writer: it may store until len(store)
+            # is back at min_size whatever the counts say, or both would wait for ever (these n, then ask again)
+            allowed = max(allowed, self._ins + n)
         self._allowed = allowed
         return self._ins + n <= allowed
 
@@ -421,6 +426,16 @@ class RateLimiter:
         finally:
             self._unlock()
 
+    def check_block(self, n: int) -> None:
+        """Refuse a block of ``n`` transitions the limit can never allow, whatever the processes do (``ValueError``)."""
+        most = self.options.most_inserted_at_once
+        if n > most:
+            raise ValueError(
+                f"a block of {n} transitions can never be allowed by the rate limit: the writer may be at most"
+                f" (2 * error_buffer + samples_per_insert * min_size) / samples_per_insert = {most:,} transitions"
+                f" ahead of what readers may sample; extend() blocks of at most {most:,} steps, or create the store"
+                f" with error_buffer >= {math.ceil((self._spi * (n - self._min)) / 2):,}")
+
     # -- samplers ----------------------------------------------------------------------------------------
     def check_batch(self, rows: int) -> None:
         """Refuse a batch the limit can never allow, whatever the processes do (``ValueError``)."""
@@ -442,7 +457,7 @@ class RateLimiter:
         """
         c = self._c
         if c is None:
-            raise ReadOnlyStoreError(self._problem or "the rate limiter of this store is closed")
+            self._unusable()
         self._take_lock(f"sampling a batch of {rows}")  # (the first try inline: this is every sample's path)
         try:
             self._check_counts(c)
@@ -487,8 +502,8 @@ class RateLimiter:
         return self._sample_allowed(self._counters(), rows)
 
     def can_insert(self, n: int) -> bool:
-        c = self._counters()
-        return self._spi * (c[INSERTED] + n) <= c[SAMPLED_TOTAL] - c[SAMPLED_BASE] + self._eb + self._spi * self._min
+        """The writer's ``step()`` of ``n`` transitions would proceed now."""
+        return self._can_insert(n)
 
     def counts(self) -> dict[str, int]:
         """``inserted``, ``sampled``, ``size`` and ``writer_pid`` as one consistent reading."""
@@ -571,6 +586,7 @@ class RateLimiter:
         raise CorruptStoreError(self._damage)
 
     def close(self) -> None:
+        self._closed = True
         if self._c is not None:
             if self.writer and self._c[WRITER_PID] == os.getpid():
                 self._c[WRITER_PID] = 0
@@ -648,6 +664,11 @@ class StoreLimit:
         lim = self.limiter
         if lim is not None:
             lim.inserting(n)
+
+    def check_block(self, n: int) -> None:
+        """Refuse an ``extend()`` block the limit can never allow (``ValueError``), before anything is written."""
+        if self.limiter is not None:
+            self.limiter.check_block(n)
 
     def inserted(self, n: int) -> None:
         """``n`` transitions were stored: count them (and refresh the published ``len`` when due)."""

@@ -148,6 +148,87 @@ def test_a_batch_the_limit_can_never_allow_is_refused(tmp_path):
     s.close()
 
 
+def test_a_block_the_limit_can_never_allow_is_refused_and_writes_nothing(tmp_path):
+    s = _create(tmp_path / "s")  # the writer is at most (2 * 6 + 2 * 10) / 2 = 16 transitions ahead of readers
+    assert s.schema.rate_limit.most_inserted_at_once == 16
+    obs = np.zeros((17, 1), np.uint8)
+    with pytest.raises(ValueError, match="a block of 17 transitions can never be allowed.*at most 16 steps.*"
+                                         "error_buffer >= 7"):
+        s.extend(np.zeros(17, np.int64), np.ones(17), obs, np.zeros(17, bool), np.zeros(17, bool))
+    assert s.id_range == (0, 0) and _counts(s)[0] == 0
+    s.extend(np.zeros(16, np.int64), np.ones(16), obs[:16], np.zeros(16, bool), np.zeros(16, bool))
+    assert _counts(s)[0] == 16
+    s.close()
+
+
+@pytest.mark.parametrize("spi, eb", [(1e-320, 1.0), (1e-300, 1.0), (1e-12, 1e18)])
+def test_a_tiny_samples_per_insert_bounds_nothing_and_steps_at_once(tmp_path, spi, eb):
+    # the writer's bound (eb + spi * min) / spi is beyond any count: computed without stepping to it
+    s = _create(tmp_path / "s", spi=spi, min_size=1, eb=eb)
+    for t in range(3):
+        _step(s, t)
+    assert s.can_insert() and _counts(s)[0] == 3
+    s.close()
+
+
+def test_invalidating_below_min_size_lets_the_writer_refill(tmp_path):
+    # 15 inserts need no sample; invalidating 10 leaves len 5 < min_size: readers wait for len >= min_size, so
+    # the writer may store until it is back there, or each would wait for the other
+    s = _create(tmp_path / "s", spi=1.0, min_size=10, eb=5.0, timeout=0.5)
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r", seed=1)
+    for t in range(15):
+        _step(s, t)
+    assert not s.can_insert()
+    s.invalidate(np.arange(10))
+    assert len(s) == 5 and s.can_insert()
+    for t in range(15, 19):
+        _step(s, t)  # no wait: len(store) 6 .. 9
+    s.commit()
+    r.refresh()
+    assert len(s) == 9 and not r.can_sample(1)
+    _step(s, 19)  # len 10 = min_size: the readers may sample, and the writer's rule applies again
+    s.commit()
+    r.refresh()
+    assert len(s) == 10 and r.can_sample(1)
+    assert not s.can_insert()
+    with pytest.raises(mr.RateLimitTimeout, match="readers must sample"):
+        _step(s, 20)
+    r.sample(7)  # 7 <= 1 * 20 + 5, and then 1 * 21 <= 7 + 5 + 1 * 10
+    _step(s, 20)
+    r.close()
+    s.close()
+
+
+def test_a_step_waiting_for_the_limit_when_another_thread_closes_the_store(tmp_path):
+    import threading
+
+    s = _create(tmp_path / "s", timeout=None)
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r", seed=1)  # (so the step waits)
+    for t in range(13):
+        _step(s, t)
+    s.commit()
+    r.refresh()
+    r.sample(2)
+    _step(s, 13)
+    errors: list[BaseException] = []
+
+    def step() -> None:
+        try:
+            _step(s, 14)  # waits: readers must sample first
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    t = threading.Thread(target=step)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()
+    s.close()
+    t.join(10)
+    assert not t.is_alive() and len(errors) == 1
+    assert isinstance(errors[0], mr.StoreClosedError), errors[0]
+    r.close()
+
+
 def test_the_writer_raises_at_once_instead_of_waiting_on_itself(tmp_path):
     s = _create(tmp_path / "s", timeout=None)  # would wait forever
     for t in range(13):
