@@ -3,8 +3,10 @@
 Dopamine writes each replay column with ``np.save`` into a ``GzipFile``: 7 GB of
 frames per observation file in the DQN Replay Dataset. ``GzNpy`` parses the
 ``.npy`` header with numpy's own header reader (no pickle: object dtypes are
-refused), checks that the declared shape fits what the gzip file can hold (deflate
-expands at most ~1032x) and then inflates only as many bytes as the rows asked for;
+refused; a header longer than numpy writes is refused before it is read), checks
+that the declared shape fits what the gzip file can hold (deflate expands at most
+~1032x) and then inflates only as many bytes as the rows asked for, across as many
+gzip members as the file holds (``cat a.gz b.gz`` is one stream);
 ``read_value(most=)`` refuses a small file declaring more than it should hold.
 ``RowBlocks`` does that in a background thread (zlib releases the GIL), handing
 over blocks of rows through a short queue, so decompression overlaps the
@@ -28,6 +30,8 @@ from ._location import Location
 from .errors import DatasetError, DatasetNotFoundError
 
 _READ = 1 << 20  # compressed bytes read from the file at a time
+# the most one header read may ask for: numpy refuses headers past 10,000 bytes unless told otherwise
+_HEADER_MOST = 1 << 16
 
 
 class GzNpy:
@@ -65,7 +69,15 @@ class GzNpy:
 
     # -- header ---------------------------------------------------------------------------------------
     def read(self, n: int) -> bytes:
-        """File-like read of the inflated stream (used by numpy's header parser)."""
+        """File-like read of the inflated stream (used by numpy's header parser).
+
+        A header declares its own length (up to 4 GiB in a version 2 header), which numpy's parser
+        reads before checking it: larger reads than any header numpy writes or reads by default are
+        refused before anything is allocated.
+        """
+        if n > _HEADER_MOST:
+            raise DatasetError(f"{self.path}: not a .npy file inside the gzip stream ({self.key}): its header"
+                               f" declares {n:,} bytes; expected at most {_HEADER_MOST:,} as np.save writes")
         buf = bytearray(n)
         got = self._inflate_into(memoryview(buf))
         return bytes(buf[:got])
@@ -109,13 +121,26 @@ class GzNpy:
             pos += len(out)
             self._in = self._dz.unconsumed_tail
             if self._dz.eof:  # end of a gzip member: another may follow
-                rest = self._dz.unused_data + self._in
-                if rest[:2] == b"\x1f\x8b":
-                    self._dz = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    self._in = rest
-                else:
-                    self._eof = True
+                self._next_member()
         return pos
+
+    def _next_member(self) -> None:
+        """After a member's end: start the next one, or end the stream (end of file, or bytes that do not
+        start a gzip member, which are ignored as gzip readers do)."""
+        # the bytes past the member are in unused_data; unconsumed_tail may hold the same bytes again
+        # (a decompress limited by max_length that reached the member's end), so it is not added
+        rest = self._dz.unused_data
+        while len(rest) < 2:  # decide on the magic only once two bytes are there, reading on if needed
+            more = self._f.read(_READ)
+            if not more:
+                break
+            rest += more
+        if rest[:2] == b"\x1f\x8b":
+            self._dz = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            self._in = rest
+        else:
+            self._in = b""
+            self._eof = True
 
     def read_into(self, out: np.ndarray) -> None:
         """Fill ``out`` (``n`` rows, C-contiguous, this file's row shape and dtype) with the next rows."""
