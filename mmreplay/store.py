@@ -37,6 +37,7 @@ from .core.plan import Plan
 from .core.ratelimit import RateLimiter, StoreLimit, store_limiter
 from .core.restore import open_log
 from .core.sequences import SequencePlan
+from .core.snapshot import SNAPSHOT_KEY
 from .core.statefiles import StateDir
 from .core.writer import EpisodeWriter
 from .errors import (
@@ -284,7 +285,10 @@ class ReplayStore:
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         read_threads = _inputs.read_threads_arg(read_threads)
         path = os.fspath(path)
-        read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
+        doc = read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
+        if mode == "r+" and SNAPSHOT_KEY in doc:  # (writing would turn it into a store: no longer loadable)
+            raise ReadOnlyStoreError(f"{path} is a snapshot (made by save()): it opens read-only, with mode='r';"
+                                     " to continue from it, ReplayStore.load(snapshot, new_path)")
         lock_fd = take_lock(path) if mode == "r+" else None
 
         def attach(manifest: dict[str, Any]) -> ReplayStore:
@@ -957,11 +961,11 @@ class ReplayStore:
         Resume with ``ReplayStore.load(snapshot_dir, path)``. Returns the snapshot path.
         """
         self._check_open()
-        if isinstance(self._durable.failed, ReadOnlyStoreError):  # a forked child's inherited writer
-            raise self._durable.failed
+        self._durable.check_can_save()
         keep = _inputs.keep_arg(keep)
         self._update_validity()
-        return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep)
+        return self._durable.save(self._parts, os.fspath(snapshot_dir), json_dict(self.metadata), keep,
+                                  reader=self._writer is None)
 
     @classmethod
     def load(cls, snapshot_dir: str | os.PathLike[str], path: str | os.PathLike[str], mode: str = "r+",

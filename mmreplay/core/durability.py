@@ -94,6 +94,7 @@ class Durability:
         self.path = path
         self.schema = schema
         self.failed: BaseException | None = None
+        self.state_incomplete = False  # a disk error in the store's own files (not a snapshot's)
         self.adopt(manifest)
 
     def adopt(self, manifest: dict[str, Any]) -> None:
@@ -106,11 +107,19 @@ class Durability:
         self.state_crcs: dict[str, int] = dict(manifest.get("state_crc32") or {})
 
     # -- failures --------------------------------------------------------------------------------------
-    def fail(self, exc: OSError, doing: str) -> StoreIOError:
-        """Turn the store read-only after a disk error; the error to raise."""
+    def fail(self, exc: OSError, doing: str, in_store: bool = True) -> StoreIOError:
+        """Turn the store read-only after a disk error; the error to raise. ``in_store=False``: the error was
+        outside the store's own files (writing a snapshot), whose state stays whole to save again."""
         self.failed = exc
+        self.state_incomplete |= in_store
         return StoreIOError(exc.errno, f"{doing} in {self.path} failed: {exc.strerror or exc}; the store is now"
                             " read-only (sampling still works); free space or fix the disk, then reopen it")
+
+    def check_can_save(self) -> None:
+        """Refuse ``save()`` from a forked child's inherited writer, and after a disk error in the store's own
+        files (its state since the last commit may be incomplete: a chunk sealed without its checksum)."""
+        if isinstance(self.failed, ReadOnlyStoreError) or self.state_incomplete:
+            self.check_not_failed()
 
     def check_not_failed(self) -> None:
         if isinstance(self.failed, ReadOnlyStoreError):
@@ -182,7 +191,8 @@ class Durability:
         parts.log.after_commit()
         remove_unreferenced(self.path, set(referenced_files(body)))
 
-    def save(self, parts: CommittedParts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None) -> str:
+    def save(self, parts: CommittedParts, snapshot_dir: str, metadata: dict[str, Any], keep: int | None,
+             reader: bool = False) -> str:
         """Write a consistent snapshot of the parts' state to ``snapshot_dir``; return its absolute path.
 
         A disk error leaves no partial snapshot (a new directory is removed; an existing snapshot keeps
@@ -192,7 +202,10 @@ class Durability:
         gen = snapshot.existing_generation(target) + 1
         new_dir = not os.path.exists(target)
         try:
-            parts.log.wait_sealed()
+            parts.log.wait_sealed()  # (an error here is the store's own: a chunk's seal)
+        except OSError as exc:
+            raise self.fail(exc, "sealing a chunk") from exc
+        try:
             os.makedirs(os.path.join(target, STATE_DIR), exist_ok=True)
             body = self.body(parts, gen, target, metadata)
             try:
@@ -208,7 +221,12 @@ class Durability:
             write_manifest(target, body)
         except OSError as exc:
             _undo_snapshot(target, new_dir, gen)
-            raise self.fail(exc, f"saving a snapshot to {target}") from exc
+            if reader and isinstance(exc, FileNotFoundError) and str(exc.filename).startswith(self.path + os.sep):
+                # not a disk error: a file of the reader's commit that the writer's later commit removed
+                raise StoreIOError(exc.errno, f"save() of a reader of {self.path}: {exc.filename}, which this reader's"
+                                   f" commit (generation {self.generation}) lists, was removed by a later commit of"
+                                   " the writer; refresh() this reader, then save again") from exc
+            raise self.fail(exc, f"saving a snapshot to {target}", in_store=False) from exc
         snapshot.remove_unlisted(target, {c["name"] for c in body["chunks"]}, set(referenced_files(body)))
         self.snapshots = [s for s in self.snapshots if s["path"] != target][-15:]
         self.snapshots.append({"path": target, "generation": gen, "saved_at": saved_at})

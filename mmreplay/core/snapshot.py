@@ -77,6 +77,10 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
     os.makedirs(base, exist_ok=True)
     for c in chunks:
         name = c["name"] if c["sealed"] else f"{c['name'].split('g')[0]}g{generation:06d}"
+        if c["sealed"] and _taken(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, c, columns)):
+            # another file of that name belongs to the generation being replaced (another store's, or this one's
+            # before a crash reused the name): it stays as it is until the new manifest is written
+            name = f"{c['name'].split('g')[0]}g{generation:06d}"
         pairs = zip(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, dict(c, name=name), columns),
                     strict=True)
         for src, dst in pairs:
@@ -87,6 +91,12 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
         out.append(dict(c, name=name))
     fsync_dir(base)
     return out
+
+
+def _taken(sources: list[str], targets: list[str]) -> bool:
+    """Whether a target name holds a file other than its source (not the same inode)."""
+    return any(os.path.lexists(dst) and not (os.path.exists(dst) and os.path.samefile(src, dst))
+               for src, dst in zip(sources, targets, strict=True))
 
 
 def remove_unlisted(root: str, chunk_names: set[str], state_files: set[str]) -> None:

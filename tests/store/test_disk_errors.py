@@ -36,9 +36,11 @@ def _committed_store(path, n):
 def _assert_read_only_then_reopens(s, path, committed_range):
     batch = s.sample(4)  # sampling still works
     assert batch.obs.shape == (4, 2, 4)
-    for call in (lambda: _steps(s, 1), s.commit, lambda: s.reset(np.zeros(4, np.uint8))):
+    # save() too: the state since the last commit may be incomplete (a chunk sealed without its checksum)
+    for call in (lambda: _steps(s, 1), s.commit, lambda: s.reset(np.zeros(4, np.uint8)), lambda: s.save(path + "-snap")):
         with pytest.raises(mr.ReadOnlyStoreError, match="free space or fix the disk, then reopen"):
             call()
+    assert not os.path.exists(path + "-snap")
     s.close()  # does not try to commit
     with mr.ReplayStore.open(path) as again:
         assert again.id_range == committed_range
@@ -99,6 +101,25 @@ def test_failed_background_seal_surfaces_at_the_next_commit(tmp_path, monkeypatc
     with pytest.raises(mr.StoreIOError, match="Input/output error"):
         s.commit()
     _assert_read_only_then_reopens(s, path, committed)
+
+
+def test_a_failed_background_seal_met_first_by_save_is_the_stores_own_error(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    s, committed = _committed_store(path, 3)
+    tried = threading.Event()
+
+    def broken(self, seq):
+        tried.set()
+        raise OSError(errno.EIO, "Input/output error")
+
+    real = ring.ChunkRing.finish_seal
+    monkeypatch.setattr(ring.ChunkRing, "finish_seal", broken)
+    _steps(s, 8, start=3)
+    assert tried.wait(30), "the full chunk's seal never ran"
+    monkeypatch.setattr(ring.ChunkRing, "finish_seal", real)
+    with pytest.raises(mr.StoreIOError, match="sealing a chunk.*Input/output error"):
+        s.save(path + "-snap")
+    _assert_read_only_then_reopens(s, path, committed)  # a second save is refused too
 
 
 def test_preallocation_prevents_sparse_chunk_files(tmp_path):

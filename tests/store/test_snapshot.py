@@ -192,3 +192,75 @@ def test_loaded_store_writes_do_not_touch_the_snapshot(tmp_path):
     r.close()
     assert before == [] and mr.verify_store(snap) == []
     assert mr.ReplayStore.load(snap, tmp_path / "again").id_range[1] < 300
+
+
+def test_a_failed_save_over_another_stores_snapshot_leaves_it_whole(tmp_path, monkeypatch):
+    # the two stores' sealed chunks have the same names and other contents: the new one's may not replace the
+    # old one's until the new manifest is written
+    def make(path, base):
+        s = mr.ReplayStore.create(path, capacity=40, obs_shape=(4,), chunk_size=8, compression=None)
+        s.reset(np.zeros(4, np.uint8))
+        for i in range(12):
+            s.step(0, float(base + i), np.full(4, base + i, np.uint8), False, False)
+        return s
+
+    a, b = make(tmp_path / "a", 0), make(tmp_path / "b", 100)
+    snap = a.save(tmp_path / "snap")
+    rows_a = a.gather(a.sampleable_ids())
+    a.close()
+    real = mr.core.snapshot.copy_file
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(mr.core.snapshot, "copy_file", full)  # the open chunk's copy, after the sealed links
+    with pytest.raises(mr.StoreIOError, match="No space left"):
+        b.save(snap)
+    monkeypatch.setattr(mr.core.snapshot, "copy_file", real)
+    assert mr.verify_store(snap) == []
+    with mr.ReplayStore.load(snap, tmp_path / "old") as old:
+        np.testing.assert_array_equal(old.gather(old.sampleable_ids()).obs, rows_a.obs)
+    b.close(commit=False)
+    b = mr.ReplayStore.open(tmp_path / "b")  # (read-only after the disk error: reopened)
+    b.save(snap)  # this time it completes, and replaces A's snapshot
+    rows_b = b.gather(b.sampleable_ids())
+    b.close()
+    assert mr.verify_store(snap) == []
+    with mr.ReplayStore.load(snap, tmp_path / "new") as new:
+        np.testing.assert_array_equal(new.gather(new.sampleable_ids()).obs, rows_b.obs)
+        np.testing.assert_array_equal(new.gather(new.sampleable_ids()).reward, rows_b.reward)
+
+
+def test_a_snapshot_opens_read_only_and_a_write_open_is_refused(tmp_path):
+    s = _new(tmp_path / "live", None)
+    Run(s, 5).steps(100)
+    snap = s.save(tmp_path / "snap")
+    s.close()
+    with pytest.raises(mr.ReadOnlyStoreError, match="is a snapshot.*mode='r'.*ReplayStore.load"):
+        mr.ReplayStore.open(snap)  # (mode="r+": its close() would commit it as a plain store)
+    with mr.ReplayStore.open(snap, mode="r") as r:
+        assert len(r) > 0
+    assert mr.verify_store(snap) == []
+    with mr.ReplayStore.load(snap, tmp_path / "resumed") as again:  # still a snapshot
+        assert len(again) > 0
+
+
+def test_a_reader_whose_commit_the_writer_moved_past_is_told_to_refresh(tmp_path):
+    w = mr.ReplayStore.create(tmp_path / "s", capacity=40, obs_shape=(16, 16), chunk_size=16, compression="lz4")
+    w.reset(np.zeros((16, 16), np.uint8))
+    for i in range(40):
+        w.step(0, float(i), np.full((16, 16), i, np.uint8), False, False)
+        if i == 29:
+            w.commit()
+            r = mr.ReplayStore.open(tmp_path / "s", mode="r")  # its open chunk is sealed (compressed) next
+    w.commit()  # ... which removes the raw frames file the reader's commit lists
+    with pytest.raises(mr.StoreIOError, match=r"removed by a later commit of the writer; refresh\(\) this reader"):
+        r.save(tmp_path / "snap")
+    assert not (tmp_path / "snap").exists()
+    r.refresh()
+    snap = r.save(tmp_path / "snap")  # not turned read-only: the error was not the disk's
+    rows = r.gather(r.sampleable_ids())
+    r.close()
+    w.close()
+    with mr.ReplayStore.load(snap, tmp_path / "back") as b:
+        np.testing.assert_array_equal(b.gather(b.sampleable_ids()).obs, rows.obs)
