@@ -92,6 +92,10 @@ class Checkpoint:
                 if not gz.shape or gz.rows != self.slots:
                     raise DatasetError(f"{self.path(PREFIX + key)}: {PREFIX}{key} has shape {gz.shape}, but"
                                        f" {PREFIX}observation has {self.slots:,} rows; the arrays must match")
+                if key in ("reward", "terminal") and gz.row_shape:
+                    raise DatasetError(f"{gz.path}: {PREFIX}{key} has shape {gz.shape}; expected one value per"
+                                       f" slot, shape ({self.slots},), as Dopamine writes")
+                _check_row_bytes(gz)
                 cols[key] = gz.read_all()
         end = cols["terminal"] != 0
         if self.has_end_indices:
@@ -130,6 +134,13 @@ def gunzip(data: bytes, most: int, where: str, key: str) -> bytes:
     return bytes(out)
 
 
+def _check_row_bytes(gz: GzNpy) -> None:
+    """Rows of no bytes are refused: nothing would bound how many slots such a file declares."""
+    if gz.row_bytes == 0:
+        raise DatasetError(f"{gz.path}: {gz.key} has shape {gz.shape} {gz.dtype}, rows of no bytes; expected"
+                           " rows of at least one value per slot, as Dopamine writes")
+
+
 def _scan(d: Location, suffix: int) -> Checkpoint:
     """Check a suffix's files exist and read its header, counters and invalid range."""
     for key in [PREFIX + c for c in COLUMNS] + ["add_count", "invalid_range"]:
@@ -138,6 +149,7 @@ def _scan(d: Location, suffix: int) -> Checkpoint:
     with GzNpy(_file(d, PREFIX + "observation", suffix), PREFIX + "observation") as gz:
         if len(gz.shape) < 1:
             raise DatasetError(f"{gz.path}: {PREFIX}observation is 0-d; expected (slots, *obs_shape)")
+        _check_row_bytes(gz)
         slots, obs_shape, obs_dtype = gz.shape[0], gz.row_shape, gz.dtype
     with GzNpy(_file(d, "add_count", suffix), "add_count") as gz:
         ac = gz.read_value(most=1)
@@ -201,6 +213,12 @@ def scan(src: Any, suffixes: Any = None, storage_options: dict[str, Any] | None 
             raise DatasetError(f"{c.path(PREFIX + 'observation')}: checkpoint {c.suffix} has frames {c.obs_shape}"
                                f" {c.obs_dtype}, stack_size {c.stack_size}; checkpoint {first.suffix} has"
                                f" {first.obs_shape} {first.obs_dtype}, stack_size {first.stack_size}")
+        if c.extras != first.extras:
+            extra = sorted(set(c.extras) ^ set(first.extras))[0]
+            has, lacks = (c, first) if extra in c.extras else (first, c)
+            raise DatasetError(f"{has.path(PREFIX + extra)}: checkpoint {has.suffix} holds {PREFIX}{extra},"
+                               f" checkpoint {lacks.suffix} does not; checkpoints imported together must hold the"
+                               " same columns (import them into separate stores, or choose suffixes)")
     prev_hi: int | None = None
     for c in ckpts:
         a = c.add_count
@@ -223,3 +241,37 @@ def check_overlap(prev: Checkpoint, c: Checkpoint, start: int) -> None:
         if not np.array_equal(a, b):
             raise DatasetError(f"{c.path(PREFIX + key)}: checkpoint {c.suffix} does not continue checkpoint"
                                f" {prev.suffix}: the {key} rows both hold differ; import them into separate stores")
+
+
+Specs = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def column_specs(c: Checkpoint) -> Specs:
+    """The row shape and dtype of each per-slot column of a loaded checkpoint (the store is made from the
+    first checkpoint's)."""
+    return {k: (tuple(v.shape[1:]), v.dtype) for k, v in c.columns.items() if k != "end"}
+
+
+def conform(c: Checkpoint, specs: Specs, first: Checkpoint) -> None:
+    """A later checkpoint's columns, cast to the store's dtypes (``specs``, from ``first``): rows of the same
+    shape, values the store's dtypes hold (an integer kept exactly, a float not overflowing to infinity).
+    The store would cast them itself and wrap an int64 action past int32, silently."""
+    for key, (shape, dtype) in specs.items():
+        v = c.columns[key]
+        where = c.path(PREFIX + key)
+        if v.shape[1:] != shape or not np.can_cast(v.dtype, dtype, "same_kind"):
+            raise DatasetError(f"{where}: checkpoint {c.suffix} has {PREFIX}{key} rows of {v.shape[1:]} {v.dtype},"
+                               f" checkpoint {first.suffix} has {shape} {dtype}; checkpoints imported together must"
+                               " hold the same columns (import them into separate stores)")
+        if v.dtype == dtype:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = v.astype(dtype)
+            lost = (np.isinf(cast) & ~np.isinf(v)) if dtype.kind == "f" else cast.astype(v.dtype) != v
+        bad = np.flatnonzero(lost.reshape(len(v), -1).any(axis=1))
+        if bad.size:
+            j = int(bad[0])
+            raise DatasetError(f"{where}: {PREFIX}{key} holds {v[j].tolist()!r} at slot {j} ({v.dtype}), which the"
+                               f" store's {dtype} (the dtype of checkpoint {first.suffix}) cannot hold; import the"
+                               " checkpoints into separate stores")
+        c.columns[key] = cast

@@ -40,7 +40,7 @@ import numpy as np
 from ..store import ReplayStore
 from ._bounds import nbytes, rows_per_piece
 from ._common import ProgressArg, progress_bar, summary_lines
-from ._dopamine_files import PREFIX, Checkpoint, check_overlap, scan
+from ._dopamine_files import PREFIX, Checkpoint, check_overlap, column_specs, conform, scan
 from ._gznpy import RowBlocks
 from ._importing import StoreBuilder, sampling_params
 from ._location import Location
@@ -171,6 +171,7 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
     total = sum(c.hi - start for c, start, _ in segments)
     first = segments[0][0]
     first.load()
+    specs = column_specs(first)
     recorded = {"stack": first.stack_size, "n_step": first.update_horizon, "pad": "zeros"}
     extras = {k: (tuple(first.columns[k].shape[1:]), first.columns[k].dtype) for k in first.extras}
     meta: dict[str, Any] = {"source": {
@@ -197,6 +198,7 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
             for k, (c, start, continues) in enumerate(segments):
                 if not c.columns:
                     c.load()
+                    conform(c, specs, first)
                 cols = c.columns
                 if continues and prev is not None:
                     check_overlap(prev, c, start)
@@ -208,6 +210,7 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
                 slots = np.arange(start, c.hi, dtype=np.int64) % c.slots
                 act = cols["action"][slots]
                 rew = cols["reward"][slots].astype(np.float64)
+                _check_rewards(c, rew, slots)
                 if rew.size:
                     rmin, rmax = min(rmin, float(rew.min())), max(rmax, float(rew.max()))
                 term, end = cols["terminal"][slots] != 0, cols["end"][slots]
@@ -224,8 +227,15 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
                             sl = slice(done, done + n)
                             base_slot = int(slots[done])
                             a = act[sl]
-                            writer.rows(frames, a, rew[sl], term[sl], end[sl], {x: v[sl] for x, v in xs.items()},
-                                        lambda j, s=base_slot, p=obs_path, m=c.slots: f"{p}: slot {(s + j) % m}")
+                            try:
+                                writer.rows(frames, a, rew[sl], term[sl], end[sl], {x: v[sl] for x, v in xs.items()},
+                                            lambda j, s=base_slot, p=obs_path, m=c.slots: f"{p}: slot {(s + j) % m}")
+                            except DatasetError:
+                                raise
+                            except (ValueError, TypeError) as exc:  # the store's checks name no file
+                                raise DatasetError(f"{c.dir}: checkpoint {c.suffix}, slots {base_slot:,} .."
+                                                   f" {base_slot + n - 1:,}: the store refused these rows: {exc}"
+                                                   ) from None
                             done += n
                             bar.update(n)
                 src_meta["checkpoints"].append({
@@ -238,6 +248,16 @@ def import_dqn_replay(src: Any, path: str | os.PathLike[str], *, suffixes: Any =
                         rewards_clipped=bool(not np.isfinite(rmin) or (rmin >= -1 and rmax <= 1)))
         store.metadata = meta
         return b.finish()
+
+
+def _check_rewards(c: Checkpoint, rew: np.ndarray, slots: np.ndarray) -> None:
+    """Rewards are stored as float32: refuse one that is not finite there, naming its slot."""
+    bad = np.flatnonzero(~(np.abs(rew) <= np.finfo(np.float32).max))
+    if bad.size:
+        j = int(bad[0])
+        raise DatasetError(f"{c.path(PREFIX + 'reward')}: {PREFIX}reward holds {float(rew[j])} at slot"
+                           f" {int(slots[j])}; expected finite rewards within float32's range (the store keeps"
+                           " them as float32)")
 
 
 def _read_ahead(index: int, entry: tuple[Checkpoint, int, bool], ahead: dict[int, RowBlocks]) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.datasets import DatasetError, DatasetNotFoundError, import_dataset
+from mmreplay.datasets import DatasetError, DatasetNotFoundError, describe, import_dataset
 from tests._support.dqn import OBS, Dopamine, Row
 
 
@@ -325,3 +325,68 @@ def test_final_buffer_alone_is_refused_with_a_hint(tmp_path):
     buf.play(rng, lambda: buf.add_count >= 199 + 40)
     buf.log_final()
     _expect_failure(tmp_path, buf.d, DatasetError, "padding", suffixes=[2])
+
+
+def _rewrite(d, name, suffix, arr):
+    with gzip.open(os.path.join(d, f"{name}_ckpt.{suffix}.gz"), "wb") as g:
+        np.save(g, arr, allow_pickle=False)
+
+
+def _reread(d, name, suffix):
+    with gzip.open(os.path.join(d, f"{name}_ckpt.{suffix}.gz"), "rb") as g:
+        return np.load(g)
+
+
+def test_rows_of_no_bytes_are_refused_before_anything_is_allocated_per_slot(tmp_path):
+    d = str(tmp_path / "ckpt")
+    os.makedirs(d)
+    slots = 10**12  # declared by files of a few hundred bytes
+    for name, dtype in (("observation", np.uint8), ("action", np.int32), ("reward", np.float32),
+                        ("terminal", np.uint8)):
+        _rewrite(d, "$store$_" + name, 0, np.empty((slots, 0), dtype))
+    _rewrite(d, "add_count", 0, np.array(slots - 1))
+    _rewrite(d, "invalid_range", 0, (slots - 2 + np.arange(5)) % slots)
+    with pytest.raises(DatasetError, match=r"observation_ckpt\.0\.gz: .*rows of no bytes"):
+        describe(d)
+    _expect_failure(tmp_path, d, DatasetError, "$store$_observation_ckpt.0.gz", "rows of no bytes")
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    """Two checkpoints of one run that do not overlap (adds 0..79, then 80..179)."""
+    buf = Dopamine(str(tmp_path / "ckpt"), 100, log=False)
+    rng = np.random.default_rng(1)
+    buf.play(rng, lambda: buf.add_count >= 80)
+    buf.save(0)
+    buf.play(rng, lambda: buf.add_count >= 180)
+    buf.save(1)
+    return buf.d
+
+
+def test_a_later_checkpoint_whose_actions_the_store_cannot_hold(tmp_path, two_runs):
+    a = _reread(two_runs, "$store$_action", 1).astype(np.int64)
+    _rewrite(two_runs, "$store$_action", 1, a)  # int64 values that fit the first checkpoint's int32
+    store = import_dataset(two_runs, tmp_path / "fits", progress=False)
+    assert store.schema.action_dtype == np.int32
+    store.close()
+    slot = int(np.flatnonzero(a)[0])
+    a[slot] += 2**33
+    _rewrite(two_runs, "$store$_action", 1, a)
+    _expect_failure(tmp_path, two_runs, DatasetError, "$store$_action_ckpt.1.gz", f"{a[slot]} at slot {slot}",
+                    "int32")
+    _rewrite(two_runs, "$store$_action", 1, a.astype(np.float32))
+    _expect_failure(tmp_path, two_runs, DatasetError, "$store$_action_ckpt.1.gz", "float32", "int32")
+
+
+def test_checkpoints_holding_different_extras_are_refused(tmp_path, two_runs):
+    _rewrite(two_runs, "$store$_logit", 0, np.zeros(100, np.float32))
+    _expect_failure(tmp_path, two_runs, DatasetError, "$store$_logit_ckpt.0.gz", "checkpoint 1 does not")
+    _rewrite(two_runs, "$store$_logit", 1, np.zeros((100, 2), np.float32))
+    _expect_failure(tmp_path, two_runs, DatasetError, "$store$_logit_ckpt.1.gz", "(2,)")
+
+
+def test_a_reward_the_store_cannot_hold_names_its_file_and_slot(tmp_path, two_runs):
+    r = _reread(two_runs, "$store$_reward", 0)
+    r[50] = np.nan
+    _rewrite(two_runs, "$store$_reward", 0, r)
+    _expect_failure(tmp_path, two_runs, DatasetError, "$store$_reward_ckpt.0.gz", "nan at slot 50", suffixes=[0])
