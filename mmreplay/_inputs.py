@@ -64,8 +64,12 @@ class Inputs:
 
     def __init__(self, schema: Schema) -> None:
         self.schema = schema
-        # bytes of one sampled row: obs and next_obs stacks plus the small columns
-        self.row_bytes = 2 * schema.stack * schema.frame_bytes + 64
+        # bytes of one sampled step's small columns: action and extras, plus 64 for reward, discount, flags, ids
+        # and weight; of one sampled row: its obs and next_obs stacks besides
+        self.step_bytes = 64 + sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in
+                                   [(schema.action_shape, schema.action_dtype)]
+                                   + [(e.shape, e.dtype) for e in schema.extras])
+        self.row_bytes = 2 * schema.stack * schema.frame_bytes + self.step_bytes
         self.batched = schema.vector
         self.lead: tuple[int, ...] = (schema.num_envs,) if schema.vector else ()
         self.batch_hint = f" (num_envs={schema.num_envs} first)" if schema.vector else ""
@@ -217,11 +221,13 @@ def length_arg(length: Any) -> int:
     return int(length)
 
 
-def sequence_args(batch_size: Any, length: Any, strict: Any, state_bytes: int) -> tuple[int, int, bool]:
-    """``sample_sequences``' batch size, length and ``strict`` (``state_bytes``: one row's stacked frames)."""
+def sequence_args(batch_size: Any, length: Any, strict: Any, state_bytes: int, step_bytes: int
+                  ) -> tuple[int, int, bool]:
+    """``sample_sequences``' batch size, length and ``strict`` (``state_bytes``: one row's stacked frames,
+    ``step_bytes`` its small columns)."""
     b = batch_size_arg(batch_size)
     n = length_arg(length)
-    sequences_fit(b, n, state_bytes)
+    sequences_fit(b, n, state_bytes, step_bytes)
     if not isinstance(strict, (bool, np.bool_)):
         raise TypeError(f"strict: expected True or False, got {strict!r}")
     return b, n, bool(strict)
@@ -254,10 +260,10 @@ def seed_arg(seed: Any) -> int:
     return int(seed)
 
 
-def sequences_fit(count: int, length: int, state_bytes: int) -> None:
-    """Refuse ``count`` sequences of ``length`` steps (states of ``state_bytes`` each) that would not fit in
-    half of this machine's memory, before anything is drawn."""
-    need = count * ((length + 1) * state_bytes + 64 * length)
+def sequences_fit(count: int, length: int, state_bytes: int, step_bytes: int) -> None:
+    """Refuse ``count`` sequences of ``length`` steps (states of ``state_bytes`` each, steps' small columns of
+    ``step_bytes``) that would not fit in half of this machine's memory, before anything is drawn."""
+    need = count * ((length + 1) * state_bytes + step_bytes * length)
     if need > _memory_budget():
         raise ValueError(f"{count} sequences of length={length} need {need / 2**30:,.1f} GiB, more than half of this"
                          f" machine's memory ({2 * _memory_budget() / 2**30:,.1f} GiB); ask for fewer or shorter"

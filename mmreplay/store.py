@@ -692,7 +692,8 @@ class ReplayStore:
         no start has ``length`` steps (the RNG is then left as it was).
         """
         self._check_open()
-        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
+        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes,
+                                             self._inputs.step_bytes)
         beta = self._beta_arg(beta)
         return self._assemble_sequence_draw(self._limit.sample(b, lambda: self._draw_sequences(b, n, strict, beta)))
 
@@ -708,7 +709,8 @@ class ReplayStore:
         with stacks, ``frame_buffer((B, L+1, k, *frame), dtype)``'s array is what the states are read into.
         """
         self._check_open()
-        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes)
+        b, n, strict = _inputs.sequence_args(batch_size, length, strict, self._schema.stack * self._schema.frame_bytes,
+                                             self._inputs.step_bytes)
         beta = self._beta_arg(beta)
         p = _inputs.prefetch_arg(prefetch)
         assemble: Callable[..., Any] = self._assemble_sequence_draw
@@ -756,7 +758,7 @@ class ReplayStore:
         self._check_open()
         ids = _inputs.ids_array(index).copy()
         n = _inputs.length_arg(length)
-        _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes)
+        _inputs.sequences_fit(ids.size, n, self._schema.stack * self._schema.frame_bytes, self._inputs.step_bytes)
         self._update_validity()
         idx = self._index
         idx.check_ids(ids)

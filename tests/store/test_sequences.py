@@ -3,6 +3,8 @@ from an episode end and from the write head; strict draws; prioritized starts; r
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -460,3 +462,24 @@ def test_a_pending_head_before_its_starts_is_drawn_afresh(tmp_path):
     with mr.ReplayStore.open(tmp_path / "s", mode="r") as a, mr.ReplayStore.open(tmp_path / "s", mode="r") as b:
         got = next(a.sequence_batches(4, 10, prefetch=0))  # not the forged pending draws: afresh from `rng`
         same_sequences(got, b.sample_sequences(4, 10))
+
+
+def test_the_memory_check_counts_the_extras(tmp_path):
+    # 32 KiB of extras per step, tiny frames: what a request needs is nearly all extras
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(1,), chunk_size=16,
+                              extras={"h": ((4096,), "float64")})
+    s.reset(np.zeros(1, np.uint8))
+    for t in range(20):
+        s.step(0, 1.0, np.full(1, t, np.uint8), False, False, h=np.zeros(4096))
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    length = budget // (40 * 32768) + 1  # 40 such sequences need more than the budget
+    rng_before = s.inspect()["rng"]
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        s.sample_sequences(40, length)
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        s.gather_sequences(np.zeros(40, np.int64), length)
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        s.sample(budget // 32768 + 1)
+    assert s.inspect()["rng"] == rng_before  # refused before anything was drawn
+    assert s.sample_sequences(2, 3).extras["h"].shape == (2, 3, 4096)
+    s.close()
