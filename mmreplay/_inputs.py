@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -246,6 +247,16 @@ def read_threads_arg(read_threads: Any) -> int | None:
         raise ValueError(f"read_threads: expected None (one per usable core, at most 4) or an int >= 1, got"
                          f" {read_threads!r}; read_threads=1 keeps every read in the calling thread")
     return int(read_threads)
+
+
+def local_path(path: Any, what: str) -> str:
+    """A store's directory: a local path (``scheme://`` is an object-storage URL, which only dataset sources
+    and exports take), refused before anything is created."""
+    p = os.fspath(path)
+    if isinstance(p, str) and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", p):
+        raise ValueError(f"{what}: {p!r} is a URL; a store is a local directory (datasets can be read from and"
+                         " exported to URLs: mmreplay.datasets); give a local path")
+    return str(os.fsdecode(p))
 
 
 def keep_arg(keep: Any) -> int | None:

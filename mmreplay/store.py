@@ -265,7 +265,7 @@ class ReplayStore:
                               compression=compression)
         seed = _inputs.seed_arg(seed)
         _inputs.read_threads_arg(read_threads)
-        path = os.fspath(path)
+        path = _inputs.local_path(path, "create()")
         create_store(path, schema, seed, json_dict(metadata))
         return cls.open(path, mode="r+", read_threads=read_threads)
 
@@ -980,7 +980,7 @@ class ReplayStore:
         Raises ``NotAStoreError`` for a directory that is not a complete snapshot and ``ValueError`` for
         a non-empty ``path``.
         """
-        load_snapshot(os.fspath(snapshot_dir), os.fspath(path))
+        load_snapshot(os.fspath(snapshot_dir), _inputs.local_path(path, "load()"))
         return cls.open(path, mode=mode, seed=seed, read_threads=read_threads, read_ahead=read_ahead)
 
     def verify(self) -> list[str]:

@@ -215,3 +215,15 @@ def test_create_on_a_store_points_to_open(tmp_path):
     mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,)).close()
     with pytest.raises(ValueError, match=r"already holds an mmreplay store; continue it with ReplayStore.open"):
         mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,))
+
+
+def test_a_url_is_refused_as_a_stores_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # (where a URL taken as a relative path would have made "s3:/bucket/run")
+    with pytest.raises(ValueError, match="'s3://bucket/run' is a URL; a store is a local directory"):
+        mr.ReplayStore.create("s3://bucket/run", capacity=10, obs_shape=(2,))
+    s = mr.ReplayStore.create("local", capacity=10, obs_shape=(2,))
+    snap = s.save("snap")
+    s.close()
+    with pytest.raises(ValueError, match="load\\(\\): 'memory://x' is a URL"):
+        mr.ReplayStore.load(snap, "memory://x")
+    assert sorted(os.listdir(tmp_path)) == ["local", "snap"]
