@@ -15,27 +15,58 @@ It reads every byte of the store: its cost is O(data).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
+from .core.durability import read_consistent
 from .core.layout import START, stream_offsets, stream_runs
 from .core.prefixcrc import crc32_rows, stream_extents
 from .core.statefiles import check_state_files
-from .errors import MMReplayError
+from .errors import CorruptStoreError, MMReplayError, ReadOnlyStoreError
 from .options import Schema
 from .storage import framefile, npyfile
-from .storage.manifest import read_manifest
-from .storage.ring import chunk_file, columns_for, compressed_file, crc32_file_data
+from .storage.ring import FLAGS_DTYPE, chunk_file, columns_for, compressed_file, crc32_file_data
 from .storage.validate import check_files
 
 
+class _Found(CorruptStoreError):
+    """The problems found against one commit. A ``CorruptStoreError``, so that ``read_consistent`` checks
+    again when a live writer committed meanwhile: a newer commit deletes the files of the chunks it retired
+    and the state files it replaced, which the commit being checked still lists."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
 def verify_store(path: str) -> list[str]:
-    """Return the problems found in the store or snapshot at ``path`` (an empty list: all good)."""
+    """Return the problems found in the store or snapshot at ``path`` (an empty list: all good).
+
+    Only problems seen against a commit that was still the last one once they were found are reported
+    (checked again a bounded number of times while a writer keeps committing, as ``open()`` does)."""
+
+    def check(doc: dict[str, Any]) -> list[str]:
+        try:
+            problems = _verify_commit(path, doc)
+        except OSError as exc:  # a file the commit lists, unreadable (or deleted by a newer commit)
+            problems = [str(exc)]
+        if problems:
+            raise _Found(problems)
+        return problems
+
     try:
-        doc = read_manifest(path)
-        check_files(path, doc)
+        return read_consistent(path, check, writer=False)
+    except _Found as found:
+        return found.problems
     except (MMReplayError, OSError) as exc:
         return [str(exc)]
+
+
+def _verify_commit(path: str, doc: dict[str, Any]) -> list[str]:
+    """The problems of the store at ``path`` against its commit ``doc`` (a damaged manifest or a file it
+    names that cannot be used at all: raised)."""
+    check_files(path, doc)
     mpath = os.path.join(path, "manifest.json")
     try:
         schema = Schema.from_json(doc["schema"])
@@ -77,7 +108,7 @@ def verify_store(path: str) -> list[str]:
                                     " (the file was modified or damaged)")
         if readable:
             flags_path = chunk_file(path, str(c.get("name")), "flags")
-            flags = np.load(flags_path, mmap_mode="r")
+            flags = npyfile.map_data(flags_path, FLAGS_DTYPE, (shape_rows,))
             fill = c.get("rows")  # rows of each stream in the chunk (format 1: every stream wrote every row)
             used = np.clip(rows - int(c["seq"]) * rs, 0, rs) if fill is None else np.asarray(fill, np.int64)
             extents = stream_extents(rs, schema.num_envs, c.get("extents"))
@@ -107,7 +138,7 @@ def _verify_prefix(path: str, c: dict, schema: Schema, extents: list[list[int]],
     problems = []
     for col in columns_for(schema):
         fpath = chunk_file(path, str(c["name"]), col.name)
-        data = np.load(fpath, mmap_mode="r")
+        data = npyfile.map_data(fpath, col.dtype, (schema.chunk_size, *col.shape))
         for s, want in enumerate(c["prefix_crc32"][col.name]):
             got = crc32_rows(data, 0, runs[s])
             if got != want:
@@ -130,17 +161,25 @@ def _verify_frames(path: str, c: dict, schema: Schema) -> list[str]:
 
 
 def _open_check(path: str) -> list[str]:
-    """Open read-only and cross-check the index with the priorities."""
+    """Open read-only and cross-check the index with the priorities, and the rate limit's counters with
+    their check. Counters this user may not write cannot be mapped for counting (a read-only copy of a
+    store): their check is left to whoever samples from the store, and the rest is verified all the same."""
     from .store import ReplayStore
 
     try:
         with ReplayStore.open(path, mode="r") as s:
-            state = s.inspect()
-            if "priority_slots" in state:
+            parts = s._parts  # (verify and the store are one part: see ARCHITECTURE.md)
+            prio = parts.sampler.prioritized
+            if prio is not None:
                 n = len(s)
-                positive = state["priority_slots"]
+                positive = prio.positive_slots()
                 if positive != n:
                     return [f"{path}: {positive} transitions carry priority mass, {n} are sampleable"]
+            if parts.limiter is not None:
+                try:
+                    parts.limiter.counts()  # checks the counters under their lock
+                except ReadOnlyStoreError:
+                    pass
     except (MMReplayError, OSError) as exc:
         return [str(exc)]
     return []

@@ -1,9 +1,12 @@
 """Chunk column files: plain ``.npy`` (format 1.0) with a page-sized header.
 
-The header is padded with spaces to exactly ``HEADER_BYTES`` (4096) so the
-array data starts on a page boundary: the file can then be mapped at any page
-of a larger virtual range (see ``vmem``). ``numpy.load(path, mmap_mode="r")``
-reads these files like any other ``.npy``.
+The header is padded with spaces and ends with a newline, exactly ``HEADER_BYTES``
+(4096) in all, so the array data starts on a page boundary: the file can then be
+mapped at any page of a larger virtual range (see ``vmem``).
+``numpy.load(path, mmap_mode="r")`` reads these files like any other ``.npy``;
+``read_header`` accepts no other padding byte, since numpy refuses some that
+Python's parser would let through (a damaged header is reported here, naming the
+file, not by whoever loads the file later).
 """
 
 from __future__ import annotations
@@ -72,8 +75,13 @@ def read_header(path: str, fd: int | None = None) -> tuple[np.dtype, tuple[int, 
     n = int.from_bytes(head[8:10], "little")
     if 10 + n != HEADER_BYTES:
         raise CorruptStoreError(f"{path}: header is {10 + n} bytes, expected {HEADER_BYTES}")
+    text = head[10:-1].rstrip(b" ")  # the dictionary: padded with spaces, then the final newline
+    if head[-1:] != b"\n" or text[:1] != b"{" or text[-1:] != b"}":
+        at = HEADER_BYTES - 1 if head[-1:] != b"\n" else 10 if text[:1] != b"{" else 10 + len(text) - 1
+        raise CorruptStoreError(f"{path}: damaged .npy header: byte {at} holds {head[at]:#04x}, expected the"
+                                " header's dictionary padded with spaces (0x20) and ending in a newline (0x0a)")
     try:
-        d = ast.literal_eval(head[10:].decode("latin1").strip())
+        d = ast.literal_eval(text.decode("latin1"))
         dtype = np.lib.format.descr_to_dtype(d["descr"])
         shape = tuple(int(v) for v in d["shape"])
         if d["fortran_order"]:
@@ -81,6 +89,12 @@ def read_header(path: str, fd: int | None = None) -> tuple[np.dtype, tuple[int, 
     except Exception as exc:  # any parse problem means a damaged header
         raise CorruptStoreError(f"{path}: unreadable .npy header ({exc})") from None
     return dtype, shape
+
+
+def map_data(path: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """The data of a chunk file that ``check`` accepted, mapped read-only at ``HEADER_BYTES`` (the header is
+    not parsed again: the manifest's dtype and shape are the file's)."""
+    return np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=shape)
 
 
 def check(path: str, dtype: np.dtype, shape: tuple[int, ...], fd: int | None = None) -> None:
