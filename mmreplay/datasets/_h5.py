@@ -95,8 +95,9 @@ class H5Column:
             self._write_one()
 
 
-def row_reader(ds: Any) -> Any:
-    """``fetch(a, b)`` -> rows ``[a, b)`` of a dataset chunked along its first axis.
+def row_reader(ds: Any, where: str) -> Any:
+    """``fetch(a, b)`` -> rows ``[a, b)`` of a dataset chunked along its first axis; errors name ``where``
+    (the file's path or URL: h5py's filename of a remote file is its file object).
 
     Deflate-only (or unfiltered) chunks are read raw and inflated with zlib, which releases the
     GIL (h5py's own reads hold it), so a read-ahead thread really runs beside the consumer.
@@ -116,7 +117,7 @@ def row_reader(ds: Any) -> Any:
         """A chunk's data, never more than the chunk's size (a forged chunk cannot inflate further)."""
         data = zlib.decompressobj().decompress(raw, chunk_bytes + 1) if compressed else raw
         if len(data) != chunk_bytes:
-            raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: the chunk at row {c:,} holds {len(data):,}"
+            raise DatasetError(f"{where}: dataset {ds.name!r}: the chunk at row {c:,} holds {len(data):,}"
                                f" bytes{'+' if len(data) > chunk_bytes else ''}, expected {chunk_bytes:,}; the"
                                " file is damaged")
         return data
@@ -133,7 +134,7 @@ def row_reader(ds: Any) -> Any:
             try:
                 data = inflate(raw, c, deflate and not mask & 1)
             except zlib.error as exc:
-                raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: corrupt chunk at row {c:,}"
+                raise DatasetError(f"{where}: dataset {ds.name!r}: corrupt chunk at row {c:,}"
                                    f" ({exc})") from None
             chunk = np.frombuffer(data, ds.dtype).reshape((rows, *shape[1:]))
             lo, hi = max(a, c), min(b, c + rows)
@@ -143,13 +144,14 @@ def row_reader(ds: Any) -> Any:
     return fetch
 
 
-def read_rows(ds: Any, rows: Any = ()) -> np.ndarray:
+def read_rows(ds: Any, where: str, rows: Any = ()) -> np.ndarray:
     """``ds[rows]`` (all of it by default) as an array; a read h5py cannot make (a damaged chunk) raises
-    ``DatasetError`` naming the file and the dataset, where h5py's own error names neither."""
+    ``DatasetError`` naming the file (``where``: its path or URL) and the dataset, where h5py's own error
+    names neither."""
     try:
         return np.asarray(ds[rows])
     except OSError as exc:
-        raise DatasetError(f"{ds.file.filename}: dataset {ds.name!r}: cannot be read ({exc}); the file is"
+        raise DatasetError(f"{where}: dataset {ds.name!r}: cannot be read ({exc}); the file is"
                            " damaged") from None
 
 

@@ -172,11 +172,11 @@ class _D4RL:
 
     def _flag(self, key: str) -> np.ndarray:
         """A per-step flag of shape (N,) or (N, 1), any dtype, as bools."""
-        v = read_rows(self.ds[key])
+        v = read_rows(self.ds[key], self.where)
         return (v.reshape(self.n, -1)[:, 0] if v.size else np.zeros(self.n)) != 0
 
     def returns(self) -> np.ndarray:
-        r = read_rows(self.ds["rewards"]).astype(np.float64).reshape(-1)
+        r = read_rows(self.ds["rewards"], self.where).astype(np.float64).reshape(-1)
         return np.add.reduceat(r, self.first) if self.first.size else np.zeros(0)
 
 
@@ -203,7 +203,7 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
                              chunk_size=chunk_size, seed=seed, metadata=meta,
                              **sampling_params(recorded, stack=stack, n_step=n_step, gamma=gamma, pad=pad))
             piece = rows_per_piece(nbytes(obs.shape[1:], obs.dtype))
-            src_frames = ReadAhead(row_reader(obs), d.n, piece)
+            src_frames = ReadAhead(row_reader(obs, where), d.n, piece)
             with src_frames, progress_bar(progress, d.n + int(d.first.size), "import d4rl") as bar:
                 for e, (s0, s1) in enumerate(zip(d.first.tolist(), d.last.tolist(), strict=True)):
                     length = s1 - s0 + 1
@@ -217,9 +217,10 @@ def import_d4rl(src: Any, path: str | os.PathLike[str], *, stack: int | None = N
 
                     def steps(a: int, z: int, s0: int = s0) -> Steps:
                         sl = slice(s0 + a, s0 + z)
-                        return Steps(read_rows(acts, sl), read_rows(rews, sl).astype(np.float64).reshape(-1),
+                        return Steps(read_rows(acts, where, sl),
+                                     read_rows(rews, where, sl).astype(np.float64).reshape(-1),
                                      d.terminals[sl], d.timeouts[sl] & ~d.terminals[sl],
-                                     {n: read_rows(ds, sl) for n, ds in d.infos.items()})
+                                     {n: read_rows(ds, where, sl) for n, ds in d.infos.items()})
 
                     feed_episode(store, length, frames, steps, final_missing, bar=bar, piece=piece)
             return b.finish()

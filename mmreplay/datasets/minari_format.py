@@ -234,25 +234,25 @@ def read_metadata(data: Location | str) -> dict[str, Any]:
 class _Frames:
     """Observations of one episode: raw rows, or JPEG rows decoded with Pillow."""
 
-    def __init__(self, ds: Any, shape: tuple[int, ...], dtype: np.dtype, jpeg: bool, where: str) -> None:
-        self.ds, self.shape, self.dtype, self.where = ds, shape, dtype, where
+    def __init__(self, ds: Any, shape: tuple[int, ...], dtype: np.dtype, jpeg: bool, h5: str, e: int) -> None:
+        self.ds, self.shape, self.dtype, self.h5, self.where = ds, shape, dtype, h5, f"{h5}: episode_{e}"
         self.raw = tuple(ds.shape[1:]) == shape and ds.dtype.kind in "biuf"
-        self._read = row_reader(ds) if self.raw else None
+        self._read = row_reader(ds, h5) if self.raw else None
         if not self.raw:
             if not jpeg or ds.dtype.kind not in "uO":
-                raise DatasetError(f"{where}: observations have shape {ds.shape} {ds.dtype}, the observation space"
-                                   f" says {shape} {dtype}")
+                raise DatasetError(f"{self.where}: observations have shape {ds.shape} {ds.dtype}, the observation"
+                                   f" space says {shape} {dtype}")
             try:
                 from PIL import Image
             except ImportError:
-                raise DatasetError(f"{where}: observations are JPEG-encoded (Minari's default for image spaces);"
-                                   " install Pillow to decode them (the source is lossy)") from None
+                raise DatasetError(f"{self.where}: observations are JPEG-encoded (Minari's default for image"
+                                   " spaces); install Pillow to decode them (the source is lossy)") from None
             self._image = Image
 
     def __call__(self, a: int, z: int) -> np.ndarray:
         if self._read is not None:
             return exact(np.asarray(self._read(a, z)), self.dtype, f"{self.where}: observations")
-        rows = self.ds[a:z]
+        rows = read_rows(self.ds, self.h5, slice(a, z))
         out = np.empty((z - a, *self.shape), self.dtype)
         for j, row in enumerate(rows):
             try:
@@ -311,7 +311,7 @@ def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | N
         with progress_bar(progress, total + n_eps, "import minari") as bar:
             for e, g in enumerate(groups):
                 length = int(g["rewards"].shape[0])
-                frames = _Frames(g["observations"], obs_shape, obs_dtype, jpeg, f"{h5}: episode_{e}")
+                frames = _Frames(g["observations"], obs_shape, obs_dtype, jpeg, h5, e)
                 if g["observations"].shape[0] != length + 1 or any(
                         g[k].shape[0] != length for k in ("actions", "terminations", "truncations")):
                     raise DatasetError(f"{h5}: episode_{e} has {g['observations'].shape[0]} observations and"
@@ -329,10 +329,10 @@ def import_minari(src: Any, path: str | os.PathLike[str], *, dataset_id: str | N
                 def steps(a: int, z: int, g: Any = g, infos: dict[str, Any] = infos, e: int = e) -> Steps:
                     # (integer actions are written as int64, the action space's dtype is recorded beside them)
                     sl = slice(a, z)
-                    return Steps(exact(read_rows(g["actions"], sl), act_dtype, f"{h5}: episode_{e}: actions"),
-                                 read_rows(g["rewards"], sl).astype(np.float64).reshape(-1),
-                                 read_rows(g["terminations"], sl), read_rows(g["truncations"], sl),
-                                 {n: read_rows(ds, slice(a + 1, z + 1)) for n, ds in infos.items()})
+                    return Steps(exact(read_rows(g["actions"], h5, sl), act_dtype, f"{h5}: episode_{e}: actions"),
+                                 read_rows(g["rewards"], h5, sl).astype(np.float64).reshape(-1),
+                                 read_rows(g["terminations"], h5, sl), read_rows(g["truncations"], h5, sl),
+                                 {n: read_rows(ds, h5, slice(a + 1, z + 1)) for n, ds in infos.items()})
 
                 with ReadAhead(frames, length + 1, piece) as ahead:
                     feed_episode(store, length, ahead.read, steps,
@@ -393,10 +393,11 @@ def describe_minari(src: Any, storage_options: dict[str, Any] | None = None) -> 
     obs_shape, obs_dtype = space_layout(meta["observation_space"], f"{where}: observation_space")
     act_shape, act_dtype = space_layout(meta["action_space"], f"{where}: action_space")
     lengths, returns = [], []
-    with _h5_file(data.join("main_data.hdf5")) as f:
+    h5_loc = data.join("main_data.hdf5")
+    with _h5_file(h5_loc) as f:
         n_eps = _count(meta, "total_episodes", where)
         for e in range(n_eps):
-            r = np.asarray(_episode(f, e, n_eps, f.filename, [])["rewards"][()], np.float64)
+            r = read_rows(_episode(f, e, n_eps, str(h5_loc), [])["rewards"], str(h5_loc)).astype(np.float64)
             lengths.append(r.size)
             returns.append(float(r.sum()))
     lines = [f"dataset     {meta.get('dataset_id', data)} (Minari {meta.get('minari_version')}, {data})",

@@ -598,14 +598,30 @@ def test_hdf5_next_observations_and_recorded_extras_are_checked(tmp_path):
     refused(tmp_path, p, DatasetError, "declares the extra 'x'", "'infos/x'", "missing")
 
 
-def test_hdf5_damaged_chunk_of_a_step_key_names_it(tmp_path):
-    """A chunk h5py cannot decode (its filter fails) in ``rewards``: the error names the file and the key."""
+@pytest.mark.parametrize("remote", [False, True])
+@pytest.mark.parametrize("key", ["rewards", "observations"])
+def test_hdf5_damaged_chunk_of_a_step_key_names_it(tmp_path, key, remote):
+    """A chunk that does not decode (h5py's filter fails for ``rewards``; ``observations`` are inflated by
+    mmreplay): the error names the file (its URL for a remote one) and the key."""
+    import fsspec
+
     src = _store_with_extra(tmp_path / "src")
     p = tmp_path / "d.hdf5"
     export(src, p, format="hdf5", progress=False)
     with h5py.File(p, "r") as f:
-        info = f["rewards"].id.get_chunk_info(0)
+        info = f[key].id.get_chunk_info(0)
     with open(p, "r+b") as f:
         f.seek(info.byte_offset)
         f.write(b"\xff" * info.size)
-    refused(tmp_path, p, DatasetError, str(p), "'/rewards'", "damaged")
+    where = str(p)
+    if remote:
+        where = f"memory://damaged-{os.getpid()}/d.hdf5"
+        fsspec.filesystem("memory").put(str(p), where)
+    try:
+        what = "corrupt chunk" if key == "observations" else "damaged"
+        err = refused(tmp_path, where, DatasetError, f"'/{key}'", what)
+    finally:
+        if remote:
+            fsspec.filesystem("memory").rm(where)
+    named = str(err).split(f": dataset '/{key}'")[0]  # the file's URL, not h5py's repr of a file object
+    assert (named.startswith("memory://") and named.endswith(where[9:])) if remote else named == str(p), str(err)
