@@ -7,7 +7,8 @@ its size. So, before reading:
 
 - a row (one frame, action or extra) is at most ``MAX_ROW_BYTES`` (the store's own bound);
 - a gzip (deflate) stream cannot inflate to more than ``MAX_DEFLATE_RATIO`` times its size, so a
-  header declaring more than that is forged or truncated;
+  header declaring more than that is forged or truncated; the ``.npy`` header itself is read only up
+  to a small bound (``_gznpy``), whatever length it declares;
 - HDF5 datasets declare no more than their stored bytes can inflate to (``check_h5_dataset``), in
   chunks of at most ``MAX_CHUNK_BYTES``, stored in the file itself (no external raw storage, no
   virtual datasets) and reached through hard links or soft links inside the file, never an
