@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import datetime
 import logging
 import math
@@ -101,6 +102,10 @@ class ExportResult:
 
 
 # -- reading a store for export -----------------------------------------------------------------------
+# The store an export reads (``open_reader``), so that its output (``atomic_output``) is kept apart from it.
+_EXPORTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmreplay_exporting", default=None)
+
+
 @contextlib.contextmanager
 def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator[ReplayStore]:
     """A read-only view of the store's last commit (never the uncommitted state of a live writer)."""
@@ -111,10 +116,29 @@ def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator
     else:
         raise TypeError(f"export(): expected a ReplayStore or the path of one, got {type(store_or_path).__name__}")
     store = ReplayStore.open(path, mode="r")
+    exporting = _EXPORTING.set(store.path)
     try:
         yield store
     finally:
+        _EXPORTING.reset(exporting)
         store.close()
+
+
+def check_output_apart(store: str, out: str, what: str = "export") -> None:
+    """Refuse a local output ``out`` that is the store ``store`` being exported, holds it, or lies inside it:
+    replacing such an output deletes the store (and whatever lies beside it), and a store directory holds its
+    own files only. Real paths are compared, so a link or ``.`` does not hide the store."""
+    real_store, real_out = os.path.realpath(store), os.path.realpath(out)
+    common = os.path.commonpath([real_store, real_out])
+    if common == real_store == real_out:
+        why = "is the store it exports: replacing it would delete the store"
+    elif common == real_out:
+        why = "holds the store it exports: replacing it would delete the store and everything beside it"
+    elif common == real_store:
+        why = "lies inside the store it exports: a store directory holds its own files only"
+    else:
+        return
+    raise ValueError(f"{what}: the output {out} {why} (the store: {store}); give an output path outside the store")
 
 
 @dataclass(frozen=True)
@@ -299,10 +323,14 @@ def _fsync_tree(path: str) -> None:
 def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: str = "out") -> Iterator[str]:
     """Yield a temporary path next to ``final``; rename it to ``final`` when the block succeeds.
 
-    Raises ``FileExistsError`` when ``final`` exists and ``overwrite`` is false. On any
+    Raises ``FileExistsError`` when ``final`` exists and ``overwrite`` is false, and ``ValueError`` when
+    ``final`` is, holds or lies inside the store an export reads (``check_output_apart``). On any
     exception (also KeyboardInterrupt) the temporary output is removed.
     """
     final = os.path.abspath(os.fspath(final))
+    exporting = _EXPORTING.get()
+    if exporting is not None:
+        check_output_apart(exporting, final, what)
     if os.path.lexists(final) and not overwrite:
         raise FileExistsError(f"{what}: {final} already exists; remove it, choose another path or pass overwrite=True")
     parent = os.path.dirname(final)

@@ -24,6 +24,7 @@ def _suffixes(text: str) -> list[int]:
 def cmd_export(args: argparse.Namespace) -> int:
     from ..cli.main import note, out, progress, require_store
     from . import export
+    from ._common import check_output_apart
 
     require_store(args.path)
     target = args.out
@@ -34,6 +35,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         target = os.path.join(args.out, args.dataset_id)
     elif args.dataset_id is not None:
         raise ValueError(f"--dataset-id is for --format minari; leave it out with --format {args.format}")
+    if "://" not in args.path and "://" not in target:  # before "add --overwrite", which would delete the store
+        check_output_apart(args.path, os.path.expanduser(target))
     if os.path.lexists(os.path.expanduser(target)) and not args.overwrite:
         raise FileExistsError(f"{target} already exists; remove it, choose another output, or add --overwrite to"
                               " replace it")

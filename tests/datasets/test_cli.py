@@ -117,3 +117,34 @@ def test_export_help_explains_hdf5_and_d4rl(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--format hdf5 and --format d4rl are the same thing" in text
     assert "dropped unless you add --next-observations" in text
+
+
+def test_export_never_replaces_or_writes_into_its_store(tmp_path, capsys, monkeypatch):
+    """An output that is the store, holds it (``.`` among them) or lies inside it is refused, with --overwrite
+    too: replacing it would delete the store, and a store directory holds its own files only."""
+    runs = tmp_path / "runs"
+    src = _store(runs / "replay-v0")
+    (runs / "notes.txt").write_text("keep")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    for out, why in ((src, "is the store it exports"), (str(runs), "holds the store it exports"),
+                     (str(tmp_path), "holds the store it exports"),
+                     (str(runs / "replay-v0" / "d.zarr"), "lies inside the store it exports")):
+        for extra in ([], ["--overwrite"]):
+            assert main(["--quiet", "export", src, out, *extra]) == 1
+            err = capsys.readouterr().err
+            assert f"the output {out} {why}" in err and src in err and "add --overwrite" not in err, err
+    monkeypatch.chdir(runs)
+    assert main(["--quiet", "export", "replay-v0", ".", "--overwrite"]) == 1
+    assert "the output . holds the store it exports" in capsys.readouterr().err
+    from mmreplay.datasets import export
+
+    for fmt, out, options in (("zarr", runs, {}), ("hdf5", runs, {}),
+                              ("minari", tmp_path, {"dataset_id": "runs/replay-v0"}),
+                              ("zarr", runs / "replay-v0" / "d.zarr", {})):
+        with pytest.raises(ValueError, match="the store it exports"):
+            export(src, str(out), format=fmt, overwrite=True, progress=False, **options)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    assert (runs / "notes.txt").read_text() == "keep"
+    with mr.ReplayStore.open(src, mode="r") as back:
+        assert back.id_range == (0, 46)
+
