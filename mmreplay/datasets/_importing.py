@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,7 +19,42 @@ from ..errors import MMReplayError
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._common import PIECE, remove_path, remove_stale_siblings, temp_sibling
+from ._location import is_url
 from .errors import DatasetError
+
+# The arguments of ReplayStore.create that the caller of an import chooses (or leaves to the source's record
+# and the defaults); the others describe the dataset.
+CALLER_ARGUMENTS = ("stack", "n_step", "gamma", "pad", "capacity", "chunk_size", "seed")
+_NAMES_ARGUMENT = re.compile(rf"({'|'.join(CALLER_ARGUMENTS)})\b")
+
+
+class ArgumentRefused(MMReplayError, ValueError):
+    """``ReplayStore.create`` refused one of the ``CALLER_ARGUMENTS`` of an import: ``argument`` is its name,
+    ``reason`` the store's message (which begins with that name)."""
+
+    def __init__(self, path: str, argument: str, reason: str) -> None:
+        super().__init__(f"import into {path}: {reason}")
+        self.argument, self.reason = argument, reason
+
+
+def check_store_path(path: str | os.PathLike[str]) -> str:
+    """The absolute path of a new store at ``path``, refused unless a new path or an empty directory.
+
+    A store is a local directory: only an import's source may be a URL. Nothing of a store is reached
+    through a symbolic link (its files are opened without following one), so a link at ``path`` is refused.
+    """
+    given = os.fspath(path)
+    if is_url(given):
+        raise ValueError(f"import: {given} is a URL, but a store is a local directory (only the source of an"
+                         " import may be a URL); give a local path for the store")
+    full = os.path.abspath(given)
+    if os.path.islink(full):
+        raise ValueError(f"import: {full} is a symbolic link (to {os.readlink(full)}), and a store is never reached"
+                         f" through a link; give the directory it points to ({os.path.realpath(full)}) or a new path")
+    if os.path.exists(full) and (not os.path.isdir(full) or os.listdir(full)):
+        raise FileExistsError(f"import: {full} already exists and is not an empty directory;"
+                              " give a new path for the store")
+    return full
 
 
 # -- the store ----------------------------------------------------------------------
@@ -30,22 +66,23 @@ class StoreBuilder:
     """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        if os.path.exists(self.path) and (not os.path.isdir(self.path) or os.listdir(self.path)):
-            raise FileExistsError(f"import: {self.path} already exists and is not an empty directory;"
-                                  " give a new path for the store")
+        self.path = check_store_path(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         remove_stale_siblings(self.path)
         self.tmp = temp_sibling(self.path, "importing")
         self.store: ReplayStore | None = None
 
     def create(self, **kwargs: Any) -> ReplayStore:
-        """Create the store; a layout the store refuses (a ValueError naming the bound) is a DatasetError."""
+        """Create the store. A value the store refuses (a ValueError naming the argument) is an
+        ``ArgumentRefused`` for one of the ``CALLER_ARGUMENTS``, else a ``DatasetError``: the dataset's layout."""
         try:
             self.store = ReplayStore.create(self.tmp, **kwargs)
         except ValueError as exc:
             if isinstance(exc, MMReplayError):
                 raise
+            named = _NAMES_ARGUMENT.match(str(exc))
+            if named:
+                raise ArgumentRefused(self.path, named.group(1), str(exc)) from None
             raise DatasetError(f"import into {self.path}: the dataset cannot be stored as it is: {exc}") from None
         return self.store
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 from . import EXPORT_FORMATS, IMPORT_FORMATS
@@ -87,6 +88,7 @@ def _final_observations_dropped(path: str, episodes: int) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     from ..cli.main import out, progress
     from . import detect_format, import_dataset
+    from ._importing import ArgumentRefused
 
     _check_import_paths(args)
     if os.path.exists(os.path.join(args.src, "manifest.json")):
@@ -102,10 +104,18 @@ def cmd_import(args: argparse.Namespace) -> int:
         options["suffixes"] = args.suffixes
     if args.dataset_id is not None:
         options["dataset_id"] = args.dataset_id
-    store = import_dataset(args.src, args.path, format=args.format, stack=args.stack, n_step=args.n_step,
-                           gamma=args.gamma, pad=args.pad, capacity=args.capacity, chunk_size=args.chunk_size,
-                           seed=args.seed, progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"),
-                           **options)
+    try:
+        store = import_dataset(args.src, args.path, format=args.format, stack=args.stack, n_step=args.n_step,
+                               gamma=args.gamma, pad=args.pad, capacity=args.capacity, chunk_size=args.chunk_size,
+                               seed=args.seed,
+                               progress=lambda total, desc: progress(total, desc, args.quiet, unit="frame"), **options)
+    except ArgumentRefused as exc:  # the store's message names the keyword: say the flag
+        flag = "--" + exc.argument.replace("_", "-")
+        given = getattr(args, exc.argument)
+        if given is None:  # the source's value, or the default taken from it
+            raise ValueError(f"{exc}; give {flag} to choose another value") from None
+        said = re.fullmatch(rf"{exc.argument}(?:=\S+)? (.*)", exc.reason, re.S)  # "stack=9 is ...": "--stack 9 is ..."
+        raise ValueError(f"{flag} {given} {said.group(1)}" if said else f"{flag} {given}: {exc.reason}") from None
     with store:
         t = store.episodes()
         sch = store.schema
@@ -125,8 +135,18 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def _check_import_paths(args: argparse.Namespace) -> None:
-    """``src`` and ``path`` of ``mmreplay import`` checked in command-line terms before anything is read."""
+    """``src`` and ``path`` of ``mmreplay import`` checked in command-line terms before anything is read (the
+    rules of ``_importing.check_store_path``)."""
+    from ._location import is_url
+
     src, fmt = args.src, args.format
+    if is_url(args.path):
+        raise ValueError(f"path {args.path} is a URL, but a store is a local directory (only src may be a URL);"
+                         " give a local path for the store")
+    if os.path.islink(os.path.abspath(os.path.expanduser(args.path))):
+        raise ValueError(f"path {args.path} is a symbolic link (to {os.readlink(args.path)}), and a store is never"
+                         f" reached through a link; give the directory it points to ({os.path.realpath(args.path)})"
+                         " or a new path")
     if os.path.exists(args.path) and (not os.path.isdir(args.path) or os.listdir(args.path)):
         raise FileExistsError(f"path {args.path} already exists and is not an empty directory; give a new path"
                               " for the store (import never writes into an existing store)")
@@ -147,7 +167,7 @@ def _check_import_paths(args: argparse.Namespace) -> None:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    from ..cli.main import positive_int, unit_float
+    from ..cli.main import non_negative_int, positive_int, unit_float
 
     e = sub.add_parser("export", parents=[common], help="write a store's complete episodes as a dataset",
                        description="Write the complete episodes of a store (as of its last commit) as a zarr v3"
@@ -184,5 +204,5 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     i.add_argument("--pad", choices=["zeros", "first"], help="stack padding (default: the source's, else zeros)")
     i.add_argument("--capacity", type=positive_int, help="transitions kept (default: all of the source's)")
     i.add_argument("--chunk-size", type=positive_int, help="frame slots per chunk file (default: ~16 MB of frames)")
-    i.add_argument("--seed", type=int, default=0, help="sampling seed of the new store")
+    i.add_argument("--seed", type=non_negative_int, default=0, help="sampling seed of the new store (default: 0)")
     i.set_defaults(func=cmd_import)

@@ -148,3 +148,48 @@ def test_export_never_replaces_or_writes_into_its_store(tmp_path, capsys, monkey
     with mr.ReplayStore.open(src, mode="r") as back:
         assert back.id_range == (0, 46)
 
+
+def test_import_refuses_a_symbolic_link_or_a_url_as_the_store(tmp_path, capsys, monkeypatch):
+    """A store is a local directory reached through no link: a link to an empty directory, or a URL, is
+    refused as ``path``, and nothing is written."""
+    from mmreplay.datasets import import_dataset
+
+    src = _store(tmp_path / "s")
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr")]) == 0
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "link").symlink_to("scratch")
+    assert main(["--quiet", "import", str(tmp_path / "d.zarr"), str(tmp_path / "link")]) == 1
+    err = capsys.readouterr().err
+    assert f"path {tmp_path / 'link'} is a symbolic link" in err and str(tmp_path / "scratch") in err
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        import_dataset(str(tmp_path / "d.zarr"), tmp_path / "link", progress=False)
+    assert (tmp_path / "link").is_symlink() and not list((tmp_path / "scratch").iterdir())
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["--quiet", "import", str(tmp_path / "d.zarr"), "s3://bucket/store"]) == 1
+    assert "path s3://bucket/store is a URL, but a store is a local directory" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="a store is a local directory"):
+        import_dataset(str(tmp_path / "d.zarr"), "s3://bucket/store", progress=False)
+    assert not list(cwd.iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cwd", "d.zarr", "link", "s", "scratch"]
+
+
+def test_import_names_the_flag_the_store_refuses(tmp_path, capsys):
+    """A value of --stack, --chunk-size, ... that the store refuses is the flag's fault, not the dataset's."""
+    from mmreplay.datasets import import_dataset
+
+    src = _store(tmp_path / "s")
+    assert main(["--quiet", "export", src, str(tmp_path / "d.zarr")]) == 0
+    for flag, value in (("--stack", "100000"), ("--chunk-size", "100000")):
+        assert main(["--quiet", "import", str(tmp_path / "d.zarr"), str(tmp_path / "b"), flag, value]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"mmreplay import: error: {flag} {value} ") and "cannot be stored" not in err, err
+    with pytest.raises(ValueError, match=r"stack=100,000 is too large") as refused:
+        import_dataset(str(tmp_path / "d.zarr"), tmp_path / "b", stack=100000, progress=False)
+    assert "cannot be stored" not in str(refused.value)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--quiet", "import", str(tmp_path / "d.zarr"), str(tmp_path / "b"), "--seed", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --seed: expected an integer >= 0, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
