@@ -140,8 +140,14 @@ def reference_workload(capacity: int, path: str | None = None, prioritized: Prio
                        quiet: bool = True, obs_shape: tuple[int, ...] = OBS) -> dict[str, Any]:
     """Fill a store of ``capacity`` to 1.1x capacity and measure it. Deletes what it wrote.
 
-    Prioritized stores are measured with ``update_priorities`` after every batch.
+    The store is ``path/store`` (``path``: a temporary directory when None); an existing one is refused,
+    since the store is deleted afterwards. Prioritized stores are measured with ``update_priorities`` after
+    every batch.
     """
+    if path is not None and os.path.lexists(os.path.join(path, "store")):
+        raise FileExistsError(f"{os.path.join(path, 'store')} already exists; the benchmark creates its store there"
+                              " and deletes it afterwards, so it never uses an existing one: give a scratch"
+                              " directory (mmreplay bench --path) without a 'store' in it")
     scratch = path or tempfile.mkdtemp(prefix="mmreplay-bench-")
     where = os.path.join(scratch, "store")
     pool = frame_pool(obs_shape=obs_shape)

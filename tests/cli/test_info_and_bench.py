@@ -65,3 +65,18 @@ def test_bench_capacity_has_help(capsys):
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--capacity CAPACITY store capacity in transitions (default: 20000)" in text
+
+
+def test_bench_never_touches_an_existing_store_at_path(tmp_path, capsys):
+    """``bench --path DIR`` creates DIR/store and deletes it afterwards: a store already there is refused and
+    left as it was."""
+    s = mr.ReplayStore.create(tmp_path / "store", capacity=100, obs_shape=(4,), obs_dtype="float32")
+    s.reset(np.zeros(4, np.float32))
+    for t in range(20):
+        s.step(0, 1.0, np.full(4, t, np.float32), False, False)
+    s.close()
+    assert main(["--quiet", "bench", "--path", str(tmp_path), "--capacity", "10000"]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'store'} already exists" in err and "--path" in err
+    with mr.ReplayStore.open(tmp_path / "store", mode="r") as back:
+        assert back.id_range == (0, 20)
