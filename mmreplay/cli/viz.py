@@ -1,4 +1,4 @@
-"""Pictures of a store: ``mmreplay show`` (sampled rows as frames) and ``mmreplay stats`` (episodes, priorities).
+"""Pictures of a store: ``mmreplay show`` (transitions as frames) and ``mmreplay stats`` (episodes, priorities).
 
 ``show`` draws one line per transition: the stacked ``obs`` frames (oldest first), an arrow, the
 stacked ``next_obs`` frames, and under them the id, env, step in the episode, action, n-step reward,
@@ -29,7 +29,7 @@ from ..core.episodes import EpisodeTable
 from ..errors import NotSampleableError
 from ..reading.batch import Batch
 from ..store import ReplayStore
-from .main import out, output_file, positive_int, require_store
+from .main import non_negative_int, out, output_file, positive_int, require_store
 
 __all__ = ["stack_padding", "show_image", "StoreStats", "store_stats", "stats_text", "stats_image"]
 
@@ -494,7 +494,7 @@ def _no_pillow(command: str, exc: ImportError) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     require_store(args.path)
     output_file("--out", args.out)
-    with ReplayStore.open(args.path, mode="r", seed=args.seed) as store:  # a wrong path is reported first
+    with ReplayStore.open(args.path, mode="r") as store:  # a wrong path is reported first
         try:
             _pil()
         except ImportError as exc:
@@ -502,11 +502,14 @@ def cmd_show(args: argparse.Namespace) -> int:
         if args.ids:
             batch = _gather_ids(store, args.path, args.ids)
         else:
-            n = min(args.rows, len(store))
-            if n == 0:
+            # chosen here, not by store.sample(): that goes through the store's rate limit, which a live run
+            # shares (it would wait while the run may not sample, and count these rows against its budget)
+            ids = store.sampleable_ids()
+            if ids.size == 0:
                 raise ValueError(f"{args.path} has no sampleable transition yet (mmreplay info {args.path} says"
                                  " what it holds); record more steps first")
-            batch = store.sample(n, replace=store.schema.prioritized is not None)
+            rng = np.random.default_rng(args.seed)
+            batch = store.gather(np.sort(rng.choice(ids, min(args.rows, ids.size), replace=False)))
         img = show_image(store, batch)
     img.save(args.out)
     out(f"wrote {args.out} ({img.width}x{img.height}): ids {', '.join(str(int(i)) for i in batch.index)}")
@@ -552,17 +555,18 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
-    s = sub.add_parser("show", parents=[common], help="a PNG of sampled rows: stacked obs -> next_obs frames with"
+    s = sub.add_parser("show", parents=[common], help="a PNG of random rows: stacked obs -> next_obs frames with"
                        " action, reward, discount, flags (padding highlighted)",
                        description="Draw transitions of a store as a PNG: per row the stacked obs frames, then"
                        " the next_obs frames, with the action, n-step reward, discount and flags written beside"
-                       " them; stack padding at an episode's start is outlined. Draws a sample of --rows rows,"
-                       " or the transitions given by --ids. Needs Pillow (the [image] extra).")
+                       " them; stack padding at an episode's start is outlined. Draws --rows sampleable"
+                       " transitions chosen at random (uniformly; the store's own sampling and its rate limit are"
+                       " left alone), or the transitions given by --ids. Needs Pillow (the [image] extra).")
     s.add_argument("path", help="a store or snapshot directory")
     s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
-    s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: a sample)")
-    s.add_argument("--rows", type=positive_int, default=4, help="rows to sample when --ids is not given (default: 4)")
-    s.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: --rows chosen at random)")
+    s.add_argument("--rows", type=positive_int, default=4, help="rows to draw when --ids is not given (default: 4)")
+    s.add_argument("--seed", type=non_negative_int, default=0, help="seed of the rows' random choice (default: 0)")
     s.set_defaults(func=cmd_show)
     t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"
                        " fraction (text, and a PNG with --out)")
