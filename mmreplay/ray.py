@@ -2,23 +2,28 @@
 
 - ``ReplayActor``: a Ray actor that owns one ``ReplayStore`` on its node
   (``ReplayActor.remote(path, **create_kwargs)``; ``open=True`` resumes the store
-  at ``path`` from its last commit). It commits on ``commit.remote()``, on
-  ``close.remote()`` and when Ray shuts it down gracefully; a killed actor
-  (``ray.kill``, a lost node) is a crash: its replacement opens the last commit, and so
-  does the actor itself when Ray restarts it (``max_restarts``), whose ``create`` arguments
-  then name the store it created.
+  at ``path`` from its last commit). It commits on ``commit.remote()`` and on
+  ``close.remote()``, and when Ray ends it gracefully (every handle gone out of scope,
+  or ``__ray_terminate__``); the driver's ``ray.shutdown()`` does not: close the actor
+  (``ray.get(actor.close.remote())``) before it. A killed actor (``ray.kill``, a lost
+  node) is a crash: its replacement opens the last commit, and so does the actor itself
+  when Ray restarts it (``max_restarts``), whose ``create`` arguments then name the
+  store it created; the steps since that commit are lost, so each env stream's next
+  write must be a reset (the episode it was writing ends at the commit).
   Calls run one at a time, in the order each caller sent them.
 - ``RemoteWriter(actor, env=i, block=256)``: ``reset``/``step`` with the store's
   rules, checked where they are called; steps are shipped to the actor in blocks
   (``extend``), at an episode end, or on ``flush()``. At most ``in_flight`` blocks
   are on their way at once (the writer waits for the oldest, which also reports an
-  error the actor raised).
+  error the actor raised). An error on a block ends the stream's episode there: the
+  writer raises it once, drops the episode's steps not sent yet, and refuses
+  ``step()`` until ``reset()``, so no stored transition joins states across lost steps.
 - ``batches(actors, B, prefetch=4)``: an endless iterator of batches drawn across
-  actors, in proportion to their sampleable transitions (prioritized stores: their
-  total priority mass), in expectation over batches. ``prefetch`` batches are
-  requested ahead. Each batch carries ``actor`` (which actor each row came from)
-  and the iterator's ``update_priorities(batch, p)`` sends each actor its rows'
-  new priorities.
+  actors (all prioritized or all uniform), in proportion to their sampleable
+  transitions (prioritized stores: their total priority mass), in expectation over
+  batches. ``prefetch`` batches are requested ahead. Each batch carries ``actor``
+  (which actor each row came from) and the iterator's ``update_priorities(batch, p)``
+  sends each actor its rows' new priorities.
 
 ``import mmreplay`` never imports Ray; this module needs it (``pip install mmreplay[ray]``).
 """
@@ -55,10 +60,16 @@ class _Replay:
     """The body of ``ReplayActor``: a store and the calls writers and learners make on it."""
 
     def __init__(self, path: str, open: bool = False, seed: int | None = None, **create_kwargs: Any) -> None:
+        # env streams whose episode ended at an error, with why: their extend ops are refused until a reset
+        self._broken: dict[int, str] = {}
         if not open and _restarted() and os.path.exists(os.path.join(path, "manifest.json")):
             # Ray restarted this actor (max_restarts) with its first arguments: the store its first life
-            # created is resumed from the last commit, as ReplayActor.remote(path, open=True) would
+            # created is resumed from the last commit, as ReplayActor.remote(path, open=True) would. The
+            # steps written since that commit are lost, so an episode a writer goes on with would join two
+            # distant states: every stream must start a new episode before it writes again.
             self.store = ReplayStore.open(path, mode="r+", seed=seed)
+            why = "the actor restarted from its last commit and the steps written since were lost"
+            self._broken = dict.fromkeys(range(self.store.schema.num_envs), why)
             return
         if open:
             if create_kwargs:
@@ -71,24 +82,58 @@ class _Replay:
     # -- writing ---------------------------------------------------------------------------------------
     def append(self, ops: list[tuple[Any, ...]]) -> int:
         """Apply a writer's operations in order: ``("reset", env, obs)`` and ``("extend", env, actions,
-        rewards, next_obs, terminated, truncated, final_missing, extras)``. Returns the next id."""
+        rewards, next_obs, terminated, truncated, final_missing, extras)``. Returns the next id.
+
+        An op that raises ends its stream's episode there: the stream is marked broken, and its extend ops
+        (here and in later calls) are refused until a reset op of that stream starts its next episode.
+        The other ops are applied (a later episode is stored whole); then the first error is raised."""
         s = self.store
+        first: Exception | None = None
         for op in ops:
-            if op[0] == "reset":
-                s.reset(op[2], env=op[1])
-            else:
-                _, env, act, rew, nxt, term, trunc, missing, extras = op
-                s.extend(act, rew, nxt, term, trunc, env=env, final_missing=missing, **extras)
+            env = op[1]
+            try:
+                if op[0] == "reset":
+                    s.reset(op[2], env=env)
+                    self._broken.pop(env, None)
+                else:
+                    self._check_stream(env)
+                    _, _, act, rew, nxt, term, trunc, missing, extras = op
+                    s.extend(act, rew, nxt, term, trunc, env=env, final_missing=missing, **extras)
+            except Exception as exc:  # noqa: BLE001 - raised below, once the other ops are applied
+                # the store's reset and extend write nothing when they raise: the steps applied before stay
+                # a consistent episode, which the stream's next reset ends as truncated
+                self._broken.setdefault(env, f"an earlier block of this stream failed ({type(exc).__name__}: {exc})")
+                first = first or exc
+        if first is not None:
+            raise first
         return s.id_range[1]
+
+    def stream_broken(self, env: int) -> str | None:
+        """Why env stream ``env``'s extend ops are refused until its next reset, or None if they are not."""
+        return self._broken.get(env)
+
+    def _check_stream(self, env: int) -> None:
+        why = self._broken.get(env)
+        if why is not None:
+            raise EpisodeStateError(f"env stream {env}: {why}, so its episode ended there; its next call must be a"
+                                    f" reset that starts a new episode (RemoteWriter.reset(obs), or"
+                                    f" reset(obs, env={env}) on the actor), got more steps of the ended episode")
 
     def reset(self, obs: Any, env: int | None = None) -> None:
         self.store.reset(obs, env=env)
+        if env is None:
+            self._broken.clear()
+        else:
+            self._broken.pop(env, None)
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any, **extras: Any) -> None:
+        for env in sorted(self._broken):
+            self._check_stream(env)
         self.store.step(action, reward, next_obs, terminated, truncated, **extras)
 
     def extend(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any, env: int = 0,
                final_missing: bool = False, **extras: Any) -> int:
+        self._check_stream(env)
         return self.store.extend(actions, rewards, next_obs, terminated, truncated, env=env,
                                  final_missing=final_missing, **extras)
 
@@ -102,9 +147,13 @@ class _Replay:
             raise NotImplementedError("this mmreplay's ReplayStore has no sample_sequences()")
         return fn(batch_size, length, **kwargs)
 
-    def draw(self, batch_size: int, length: int | None, beta: float | None) -> tuple[Any, dict[str, float]]:
-        """A batch (or sequence batch) for ``batches()``, with this store's weight for the next draws."""
+    def draw(self, batch_size: int, length: int | None, beta: float | None) -> tuple[Any, dict[str, Any]]:
+        """A batch (or sequence batch) for ``batches()``, with this store's weight for the next draws; no
+        batch (None) when nothing is sampleable (emptied since the learner last asked), so the learner
+        learns the new weight and draws those rows elsewhere instead of failing on this actor."""
         s = self.store
+        if len(s) == 0:
+            return None, self.stats()
         if length is None:
             out: Any = s.sample(batch_size, beta=beta)
         else:
@@ -143,7 +192,9 @@ class _Replay:
         self.store.close()
 
     def __ray_shutdown__(self) -> None:
-        """Ray shuts the actor down gracefully (its handles went out of scope): commit and close."""
+        """Ray ends the actor gracefully: commit and close. Ray calls this when every handle to the actor
+        went out of scope or on ``actor.__ray_terminate__.remote()``; not on ``ray.kill`` (a crash) and not
+        on the driver's ``ray.shutdown()``, which ends the actor without it: close the actor before."""
         if not self.store.closed:
             self.store.close()
 
@@ -160,7 +211,17 @@ class RemoteWriter:
     Arguments are checked here, against the store's schema, so a bad call raises where it is made. Steps
     wait in a local buffer until ``block`` of them are ready, the episode ends or ``flush()``; a block
     and the resets before it go to the actor in one call. ``flush()`` sends the rest and waits until the
-    actor wrote everything (it raises an error the actor raised). Not thread-safe: one writer per stream.
+    actor wrote everything. A rate-limited store takes blocks of at most
+    ``rate_limit.most_inserted_at_once`` steps: ``block`` is capped there. Not thread-safe: one writer per
+    stream.
+
+    An error the actor raises on a block (``RateLimitTimeout``, a restart that lost the steps since the
+    last commit, ...) ends the stream's episode there: what the actor stored before stays, and the
+    stream's next reset ends that episode as truncated (a stored transition never joins steps across
+    the lost ones). The writer learns of it from the ``step()`` or ``flush()`` that waits for that block:
+    it waits for its other blocks in flight, drops its steps of the ended episode not sent yet, raises the
+    actor's error once, and then refuses ``step()`` until ``reset(obs)`` starts the next episode. The call
+    that raises has done its own work (a step of the ended episode is dropped with it): do not repeat it.
     """
 
     def __init__(self, actor: Any, env: int = 0, block: int = 256, in_flight: int = 2) -> None:
@@ -174,6 +235,9 @@ class RemoteWriter:
         if isinstance(env, bool) or not isinstance(env, int) or not 0 <= env < n:
             raise ValueError(f"env: expected an env stream index in 0..{n - 1}, got {env!r}")
         self.env = env
+        if self.schema.rate_limit is not None:
+            # the store refuses a longer extend() block at once: the limit could never allow it
+            block = min(block, self.schema.rate_limit.most_inserted_at_once)
         self.block = block
         self.in_flight = in_flight
         one = dataclasses.replace(self.schema, num_envs=1, vector=False)
@@ -189,6 +253,7 @@ class RemoteWriter:
         self._op_steps = 0  # steps in them
         self._refs: deque[Any] = deque()
         self._open = False  # an episode is open (a step may follow)
+        self._ended: str | None = None  # why the actor ended the open episode: step() is refused until reset()
         self.next_id = -1  # the store's next id after the last block the actor acknowledged
 
     def reset(self, obs: Any) -> None:
@@ -197,10 +262,14 @@ class RemoteWriter:
         self._close_block(False, False, False)
         self._ops.append(("reset", self.env, np.array(frame, copy=True)))
         self._open = True
+        self._ended = None
 
     def step(self, action: Any, reward: Any, next_obs: Any, terminated: Any, truncated: Any, **extras: Any) -> None:
         """One transition of the stream. ``next_obs=None`` on a step that ends the episode: its final
         observation is not available (it reads as zeros)."""
+        if self._ended is not None:
+            raise EpisodeStateError(f"RemoteWriter.step() on env stream {self.env}: the actor ended its episode"
+                                    f" ({self._ended}); call reset(obs) to start the next episode")
         if not self._open:
             raise EpisodeStateError("RemoteWriter.step() without an open episode: call reset(obs) first")
         inp = self._inputs
@@ -233,8 +302,7 @@ class RemoteWriter:
         """Send every buffered step and wait until the actor wrote them all; returns the store's next id."""
         self._close_block(False, False, False)
         self._ship()
-        while self._refs:
-            self.next_id = ray.get(self._refs.popleft())
+        self._wait(0)
         return self.next_id
 
     def close(self) -> None:
@@ -258,8 +326,39 @@ class RemoteWriter:
             return
         self._refs.append(self.actor.append.remote(self._ops))
         self._ops, self._op_steps = [], 0
-        while len(self._refs) > self.in_flight:
-            self.next_id = ray.get(self._refs.popleft())
+        self._wait(self.in_flight)
+
+    def _wait(self, keep: int) -> None:
+        """Wait until at most ``keep`` blocks are in flight; an error the actor raised ends the episode."""
+        while len(self._refs) > keep:
+            try:
+                self.next_id = ray.get(self._refs.popleft())
+            except Exception:
+                self._end_broken_episode()
+                raise
+
+    def _end_broken_episode(self) -> None:
+        """After an error on a block: the actor refuses the rest of the episode it ended (until a reset), so
+        the blocks still in flight are waited for (their refusals were caused by that error), and the steps
+        of that episode not sent yet are dropped."""
+        while self._refs:
+            try:
+                self.next_id = ray.get(self._refs.popleft())
+            except Exception:  # noqa: BLE001 - the first error is the one raised
+                pass
+        try:
+            why = ray.get(self.actor.stream_broken.remote(self.env))
+        except Exception as exc:  # noqa: BLE001 - the actor is gone: the blocks it had not committed are lost
+            why = f"the actor failed ({type(exc).__name__})"
+        if why is None:  # a reset sent after the error started an episode the actor holds whole
+            return
+        resets = [i for i, op in enumerate(self._ops) if op[0] == "reset"]
+        self._ops = self._ops[resets[0]:] if resets else []
+        self._op_steps = sum(len(op[2]) for op in self._ops if op[0] == "extend")
+        if not resets and self._open:
+            self._n = 0
+            self._open = False
+            self._ended = why
 
 
 # -- learners -------------------------------------------------------------------------------------------
@@ -289,6 +388,13 @@ class RemoteBatches(Iterator[Any]):
         self.prefetch = prefetch
         self._rng = np.random.default_rng(seed)
         self._stats = ray.get([a.stats.remote() for a in self.actors])
+        # rows are split by priority mass or by count, and weighted for the mixture: one rule for all
+        prioritized = [i for i, st in enumerate(self._stats) if "mass" in st]
+        if prioritized and len(prioritized) < len(self.actors):
+            uniform = [i for i in range(len(self.actors)) if i not in prioritized]
+            raise ValueError(f"batches(): expected actors whose stores are all prioritized or all uniform, got"
+                             f" prioritized ones at positions {prioritized} and uniform ones at {uniform}; draw"
+                             f" from each kind with its own batches()")
         self._pending: deque[tuple[np.ndarray, list[Any], list[Any]]] = deque()
         self._updates: list[Any] = []
 
@@ -314,18 +420,23 @@ class RemoteBatches(Iterator[Any]):
         return self
 
     def __next__(self) -> Any:
-        while len(self._pending) < self.prefetch + 1:
-            self._request()
-        counts, draws, looks = self._pending.popleft()
-        got = ray.get([d for d in draws if d is not None])
-        parts, who = [], []
-        for i, (d, lk) in enumerate(zip(draws, looks, strict=True)):
-            if d is not None:
-                batch, self._stats[i] = got.pop(0)
-                parts.append(batch)
-                who.append(np.full(int(counts[i]), i, np.int64))
-            else:
-                self._stats[i] = ray.get(lk)
+        while True:
+            while len(self._pending) < self.prefetch + 1:
+                self._request()
+            counts, draws, looks = self._pending.popleft()
+            got = ray.get([d for d in draws if d is not None])
+            parts, who = [], []
+            for i, (d, lk) in enumerate(zip(draws, looks, strict=True)):
+                if d is not None:
+                    batch, self._stats[i] = got.pop(0)
+                    parts.append(batch)
+                    who.append(np.full(int(counts[i]), i, np.int64))
+                else:
+                    self._stats[i] = ray.get(lk)
+            if all(p is not None for p in parts):
+                break
+            # an actor had nothing sampleable any more (its new weight is 0): the batch is drawn again
+            # across the others (a request made now splits by the weights just learned)
         sources = [i for i, d in enumerate(draws) if d is not None]
         out = _concat(parts)
         if "min" in self._stats[0] and len(parts) > 1:
@@ -375,9 +486,10 @@ class RemoteBatches(Iterator[Any]):
 def batches(actors: Any, batch_size: int, prefetch: int = 4, seed: int | None = None, length: int | None = None,
             beta: float | None = None) -> RemoteBatches:
     """An endless iterator of batches of ``batch_size`` rows drawn across ``actors`` (one ``ReplayActor`` or
-    several): each batch splits its rows among the actors by a multinomial draw with probabilities
-    proportional to their sampleable transitions (prioritized stores: their total priority mass), as of
-    their last answers. ``prefetch`` batches are requested ahead. ``length``: sequence batches
+    several, all prioritized or all uniform): each batch splits its rows among the actors by a multinomial
+    draw with probabilities proportional to their sampleable transitions (prioritized stores: their total
+    priority mass), as of their last answers; a batch that found an actor emptied since is drawn again.
+    ``prefetch`` batches are requested ahead. ``length``: sequence batches
     (``sample_sequences``). Prioritized stores: importance weights are those of the mixture (normalised by
     the smallest mass over all actors) for ``beta`` (default: each store's). Rows come grouped by actor;
     ``batch.actor`` says which; ``it.update_priorities(batch, p)`` routes new priorities back.

@@ -145,6 +145,73 @@ def test_draws_across_actors_follow_their_sizes_and_priorities(cluster, tmp_path
         ray.get(a.close.remote())
 
 
+def test_an_error_on_a_block_ends_the_writers_episode_there(cluster, tmp_path):
+    """The actor refuses a block (rate limit timeout): the episode ends at what was stored before; the
+    writer raises the error once, then refuses step() until reset(); no stored transition joins the states
+    before and after the lost steps. A rate-limited store also caps the writer's block."""
+    from mmreplay.ray import RemoteWriter, ReplayActor
+
+    ray = cluster
+    path = str(tmp_path / "s")
+    limit = mr.RateLimit(1.0, 10, 5.0, timeout=0.0)  # no samples: at most 15 transitions stored
+    actor = ReplayActor.options(num_cpus=0).remote(path, capacity=1000, obs_shape=(3,), obs_dtype="int32",
+                                                   rate_limit=limit)
+    w = RemoteWriter(actor, block=4, in_flight=1)
+    frames = _episode_frames(0, 0, 40)
+    w.reset(frames[0])
+    with pytest.raises(mr.RateLimitTimeout):  # the block of steps 12..15 fails; 16..19 were on their way
+        for t in range(40):
+            w.step(0, float(t), frames[t + 1], False, False)
+    assert t == 19
+    with pytest.raises(mr.EpisodeStateError, match="reset"):
+        w.step(0, 20.0, frames[21], False, False)
+    ray.get(actor.sample.remote(10))  # room for more
+    frames = _episode_frames(0, 1, 3)
+    w.reset(frames[0])
+    for t in range(3):
+        w.step(0, 100.0 + t, frames[t + 1], t == 2, False)
+    assert w.flush() == 15
+    assert RemoteWriter(actor).block == limit.most_inserted_at_once  # the store refuses longer blocks
+    ray.get(actor.close.remote())
+    with mr.ReplayStore.open(path, mode="r") as s:
+        table = s.episodes()
+        assert len(table) == 2 and bool(table.truncated[0]) and bool(table.terminated[1])
+        np.testing.assert_array_equal(s.episode_frames(table, 0), _episode_frames(0, 0, 12))
+        np.testing.assert_array_equal(s.episode_steps(table, 0).rewards, np.arange(12))
+        np.testing.assert_array_equal(s.episode_frames(table, 1), frames)
+
+
+def test_batches_go_on_past_an_emptied_actor_and_refuse_a_mix_of_prioritized_and_uniform(cluster, tmp_path):
+    from mmreplay.ray import ReplayActor, batches
+
+    ray = cluster
+
+    def filled(name: str, **kwargs: object) -> object:
+        a = ReplayActor.options(num_cpus=0).remote(str(tmp_path / name), capacity=100, obs_shape=(2,),
+                                                   obs_dtype="int32", **kwargs)
+        ray.get(a.reset.remote(np.zeros(2, np.int32)))
+        ray.get(a.extend.remote(np.zeros(20, np.int64), np.ones(20), np.ones((20, 2), np.int32), np.arange(20) == 19,
+                                np.zeros(20, np.bool_)))
+        return a
+
+    a0, a1, p = filled("a0"), filled("a1"), filled("p", prioritized=mr.Prioritized())
+    it = batches([a0, a1], 16, prefetch=2, seed=0)
+    next(it)
+    ray.get(a1.call.remote("clear"))
+    for _ in range(it.prefetch + 1):  # requested before clear(): actor 1 may have served them
+        next(it)
+    for _ in range(8):  # requested with actor 1's weight before clear() (it drew none) or after (it is 0)
+        assert (next(it).actor == 0).all()
+    ray.get(a0.call.remote("clear"))
+    with pytest.raises(mr.NotSampleableError):  # once the batches requested before clear() are out
+        for _ in range(it.prefetch + 2):
+            next(it)
+    with pytest.raises(ValueError, match=r"prioritized ones at positions \[2\] and uniform ones at \[0, 1\]"):
+        batches([a0, a1, p], 16)
+    for a in (a0, a1, p):
+        ray.get(a.close.remote())
+
+
 def test_a_killed_actor_is_a_crash_and_its_replacement_opens_the_last_commit(cluster, tmp_path):
     from mmreplay.ray import RemoteWriter, ReplayActor
 
@@ -243,6 +310,18 @@ def test_an_actor_ray_restarts_resumes_its_store_from_the_last_commit(cluster, t
         time.sleep(0.2)
     stats = through_restart(lambda: actor.stats.remote())  # the second life opened the committed store
     assert stats["id_range"] == (0, 20)
+    # the steps after the commit are lost: the writer's episode ended at step 20, and it must start another
+    w.step(0, 1.0, frames[21], False, False)
+    with pytest.raises(mr.EpisodeStateError, match="restarted"):
+        w.flush()
+    with pytest.raises(mr.EpisodeStateError, match="reset"):
+        w.step(0, 1.0, frames[22], False, False)
+    w.reset(frames[0])
+    w.step(0, 1.0, frames[1], True, False)
+    assert w.flush() == 21
     through_restart(lambda: actor.close.remote())
     with mr.ReplayStore.open(path, mode="r") as s:
-        assert s.id_range == (0, 20) and s.verify() == []
+        assert s.id_range == (0, 21) and s.verify() == []
+        table = s.episodes()
+        np.testing.assert_array_equal(s.episode_frames(table, 0), frames[:21])
+        assert bool(table.truncated[0])
