@@ -268,6 +268,8 @@ def keep_arg(keep: Any) -> int | None:
 def seed_arg(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be an int, got {seed!r}")
+    if seed < 0:  # (NumPy's generators take none: said here, naming the argument)
+        raise ValueError(f"seed must be an int >= 0, got {seed}")
     return int(seed)
 
 

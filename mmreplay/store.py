@@ -284,6 +284,8 @@ class ReplayStore:
         if mode not in ("r", "r+"):
             raise ValueError(f"mode must be 'r' or 'r+', got {mode!r}")
         read_threads = _inputs.read_threads_arg(read_threads)
+        if seed is not None:
+            seed = _inputs.seed_arg(seed)
         path = os.fspath(path)
         doc = read_manifest(path)  # a clear error for a missing, foreign or damaged directory before anything else
         if mode == "r+" and SNAPSHOT_KEY in doc:  # (writing would turn it into a store: no longer loadable)

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import local_path
 from ..errors import MMReplayError
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._common import PIECE, remove_path, remove_stale_siblings, temp_sibling
-from ._location import is_url
 from .errors import DatasetError
 
 # The arguments of ReplayStore.create that the caller of an import chooses (or leaves to the source's record
@@ -43,11 +43,7 @@ def check_store_path(path: str | os.PathLike[str]) -> str:
     A store is a local directory: only an import's source may be a URL. Nothing of a store is reached
     through a symbolic link (its files are opened without following one), so a link at ``path`` is refused.
     """
-    given = os.fspath(path)
-    if is_url(given):
-        raise ValueError(f"import: {given} is a URL, but a store is a local directory (only the source of an"
-                         " import may be a URL); give a local path for the store")
-    full = os.path.abspath(given)
+    full = os.path.abspath(local_path(path, "import"))
     if os.path.islink(full):
         raise ValueError(f"import: {full} is a symbolic link (to {os.readlink(full)}), and a store is never reached"
                          f" through a link; give the directory it points to ({os.path.realpath(full)}) or a new path")

@@ -153,6 +153,7 @@ def test_create_on_non_empty_directory(tmp_path):
     (dict(capacity=1_000_000, chunk_size=64), ["chunk_size=64", "memory", "chunk_size >= "]),
     (dict(read_threads="auto"), ["read_threads", "int >= 1", "'auto'"]),
     (dict(read_threads=0), ["read_threads", "int >= 1", "got 0"]),
+    (dict(seed=-1), ["seed must be an int >= 0", "got -1"]),
 ])
 def test_create_arguments_are_validated(tmp_path, kw, words):
     args = dict(capacity=10, obs_shape=(2,))
@@ -227,3 +228,10 @@ def test_a_url_is_refused_as_a_stores_directory(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="load\\(\\): 'memory://x' is a URL"):
         mr.ReplayStore.load(snap, "memory://x")
     assert sorted(os.listdir(tmp_path)) == ["local", "snap"]
+
+
+def test_open_refuses_a_negative_seed_naming_it(tmp_path):
+    mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(2,)).close()
+    with pytest.raises(ValueError, match="seed must be an int >= 0, got -3"):
+        mr.ReplayStore.open(tmp_path / "s", seed=-3)
+    mr.ReplayStore.open(tmp_path / "s", seed=3).close()  # (the lock was not kept by the refused open)
