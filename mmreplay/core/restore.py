@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CorruptStoreError
+from ..errors import CorruptStoreError, StoreIOError
 from ..options import Schema, initial_positions
 from ..storage.files import copy_exclusive
 from ..storage.manifest import fsync_dir
@@ -114,7 +114,12 @@ def open_log(root: str, schema: Schema, body: dict[str, Any], writable: bool, li
     crc = None if prefix is None else PrefixCrc(chunks[-1].seq, fill[-1].tolist(), prefix)
     try:
         if writable and chunks and not chunks[-1].sealed:
-            _private_open_chunk(log, chunks[-1])
+            try:
+                _private_open_chunk(log, chunks[-1])
+            except OSError as exc:  # (a full disk: the copy of the open chunk)
+                raise StoreIOError(exc.errno, f"opening {root} for writing: its open chunk could not be given a"
+                                   f" private copy ({exc.strerror or exc}); free space, or open it read-only"
+                                   " (mode='r')") from exc
         log.restore(chunks, rows, first, fill, extents, next_id, crc)
         log.initial_valid = _rebuild_index(log, first, fill, tails, heads)
         log.resume_writing()

@@ -128,3 +128,26 @@ def test_preallocation_prevents_sparse_chunk_files(tmp_path):
     st = os.stat(os.path.join(s.path, "chunks", "000000000000.obs.npy"))
     assert st.st_blocks * 512 >= st.st_size - npyfile.HEADER_BYTES  # space reserved, not a hole
     s.close()
+
+
+def test_reopening_for_writing_on_a_full_disk_names_the_store(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    s, committed = _committed_store(path, 5)
+    s.close()
+    from mmreplay.core import restore
+
+    obs = os.path.join(path, "chunks", "000000000000.obs.npy")
+    os.chmod(obs, 0o444)  # (as a seal leaves a chunk's files: the writer copies it to write on)
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(restore, "copy_exclusive", full)
+    with pytest.raises(mr.StoreIOError, match=f"opening {path} for writing: .*No space left.*mode='r'"):
+        mr.ReplayStore.open(path)
+    with mr.ReplayStore.open(path, mode="r") as r:  # reading needs no copy
+        assert r.id_range == committed
+    monkeypatch.undo()
+    with mr.ReplayStore.open(path) as again:
+        assert again.id_range == committed
+        _steps(again, 3)
