@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import MMReplayError, NotAStoreError, StoreNotFoundError
 from ..options import Schema
-from ..storage.files import copy_exclusive
+from ..storage.files import copy_exclusive, remove_stale_siblings, temp_sibling
 from ..storage.manifest import MANIFEST, fsync_dir, read_manifest
 from ..storage.ring import chunk_files, chunk_of_file, columns_for
 from ..storage.validate import check_dirs, check_files
@@ -138,8 +138,8 @@ def materialize(snapshot_dir: str, doc: dict[str, Any], path: str) -> None:
         raise ValueError(f"load(): {path} is not empty; give a new or empty directory")
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(path)}.loading-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    remove_stale_siblings(path, ("loading",), "loads")
+    tmp = temp_sibling(os.path.abspath(path), "loading")
     try:
         os.makedirs(os.path.join(tmp, "chunks"))
         os.makedirs(os.path.join(tmp, "state"))

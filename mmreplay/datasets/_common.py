@@ -17,12 +17,8 @@ import datetime
 import logging
 import math
 import os
-import re
-import secrets
 import shutil
-import socket
 import sys
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +27,8 @@ import numpy as np
 
 from ..core.episodes import EpisodeSteps, EpisodeTable
 from ..options import Schema
+from ..storage import files as storage_files
+from ..storage.files import remove_path, temp_sibling
 from ..storage.manifest import fsync_dir
 from ..store import ReplayStore
 from ._location import Location
@@ -247,58 +245,10 @@ def disk_usage(path: str) -> int:
 _TEMP_KINDS = ("partial", "importing", "old")
 
 
-def _host_tag() -> str:
-    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
-
-
-def temp_sibling(final: str, what: str) -> str:
-    """A hidden temporary name next to ``final`` that names its maker (host and pid), so a later run can
-    tell a leftover of a killed process from a live one's (``remove_stale_siblings``)."""
-    parent, name = os.path.split(final)
-    return os.path.join(parent, f".{name}.{what}-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
-
-
 def remove_stale_siblings(final: str) -> list[str]:
     """Delete the temporary siblings of ``final`` (an import's store, an export's output) left by a process
-    of this host that no longer runs (killed with SIGKILL, or the machine lost power): they are never
-    renamed into place, and would stay for ever. A sibling of a live process, or of another host sharing
-    the directory, is left alone. Returns the paths removed."""
-    parent, name = os.path.split(os.path.abspath(final))
-    pattern = re.compile(re.escape(f".{name}.") + f"(?:{'|'.join(_TEMP_KINDS)})-" + _host_tag()
-                         + r"-(\d{1,10})-[0-9a-f]{8}")
-    try:
-        entries = os.listdir(parent)
-    except OSError:
-        return []
-    removed = []
-    for entry in entries:
-        m = pattern.fullmatch(entry)
-        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
-            continue
-        remove_path(os.path.join(parent, entry))
-        removed.append(os.path.join(parent, entry))
-    if removed:
-        log.warning("removed %d leftover(s) of killed imports or exports next to %s: %s", len(removed), final,
-                    ", ".join(os.path.basename(p) for p in removed))
-    return removed
-
-
-def remove_path(path: str) -> None:
-    if os.path.isdir(path) and not os.path.islink(path):
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    of this host that no longer runs (``storage.files.remove_stale_siblings``)."""
+    return storage_files.remove_stale_siblings(final, _TEMP_KINDS, "imports or exports")
 
 
 def _fsync_tree(path: str) -> None:

@@ -8,19 +8,31 @@ Every file of a store is opened here without following a symbolic link at its la
 without blocking on a FIFO (``open_regular``: ``O_NOFOLLOW | O_NONBLOCK``, then ``fstat`` must say a
 regular file), and temp files are created with ``O_EXCL`` after removing whatever has their name, so
 a link planted in the store can neither lead a read or a write outside it nor make a call block.
+
+Work that is renamed into place when complete (an import's store, an export's output, a loaded snapshot)
+is built under a hidden ``temp_sibling`` name that says which host and process made it, so a later run
+removes what a killed one left (``remove_stale_siblings``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
+import logging
 import os
+import re
+import secrets
+import shutil
+import socket
 import stat
 import zlib
 
 import numpy as np
 
 from ..errors import CorruptStoreError
+
+log = logging.getLogger(__name__)
 
 _KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
@@ -172,3 +184,57 @@ def write_npy_atomic(path: str, array: np.ndarray) -> int:
     buf = io.BytesIO()
     np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
     return write_atomic(path, buf.getbuffer())
+
+
+# -- temporary siblings --------------------------------------------------------------------------------
+def _host_tag() -> str:
+    return f"{zlib.crc32(socket.gethostname().encode()):08x}"
+
+
+def temp_sibling(final: str, what: str) -> str:
+    """A hidden temporary name next to ``final`` that names its maker (host and pid), so a later run can
+    tell a leftover of a killed process from a live one's (``remove_stale_siblings``)."""
+    parent, name = os.path.split(final)
+    return os.path.join(parent, f".{name}.{what}-{_host_tag()}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
+def remove_stale_siblings(final: str, kinds: tuple[str, ...], made_by: str) -> list[str]:
+    """Delete the temporary siblings of ``final`` of the ``kinds`` given (``temp_sibling``'s ``what``) left by
+    a process of this host that no longer runs (killed with SIGKILL, or the machine lost power): they are
+    never renamed into place, and would stay for ever. A sibling of a live process, or of another host
+    sharing the directory, is left alone. Returns the paths removed."""
+    parent, name = os.path.split(os.path.abspath(final))
+    pattern = re.compile(re.escape(f".{name}.") + f"(?:{'|'.join(kinds)})-" + _host_tag() + r"-(\d{1,10})-[0-9a-f]{8}")
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        m = pattern.fullmatch(entry)
+        if m is None or int(m.group(1)) == os.getpid() or _alive(int(m.group(1))):
+            continue
+        remove_path(os.path.join(parent, entry))
+        removed.append(os.path.join(parent, entry))
+    if removed:
+        log.warning("removed %d leftover(s) of killed %s next to %s: %s", len(removed), made_by, final,
+                    ", ".join(os.path.basename(p) for p in removed))
+    return removed
+
+
+def remove_path(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

@@ -80,7 +80,7 @@ def test_a_killed_import_or_exports_leftover_is_removed_by_the_next_one(tmp_path
     import subprocess
     import sys
 
-    from mmreplay.datasets._common import temp_sibling
+    from mmreplay.storage.files import temp_sibling
     from tests._support.hostile import REPO
 
     dest = tmp_path / ("store" if kind == "import" else "d.zarr")
@@ -105,6 +105,35 @@ def test_a_killed_import_or_exports_leftover_is_removed_by_the_next_one(tmp_path
             mr.import_dataset(str(tmp_path / "x.zarr"), str(dest), progress=False).close()
         else:
             mr.export(str(src), str(dest), progress=False)
+        assert _hidden(tmp_path, dest.name) == [os.path.basename(alive)]
+    finally:
+        live.kill()
+        live.wait()
+
+
+def test_a_killed_loads_leftover_is_removed_by_the_next_load(tmp_path):
+    import subprocess
+    import sys
+
+    from mmreplay.storage.files import temp_sibling
+
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(2,))
+    s.reset(np.zeros(2, np.uint8))
+    for t in range(5):
+        s.step(0, 1.0, np.full(2, t, np.uint8), False, False)
+    snap = s.save(tmp_path / "snap")
+    s.close()
+    dest = tmp_path / "resumed"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        # what a load killed half-way leaves (same host, its process gone), and a live load's temp directory
+        stale = temp_sibling(str(dest), "loading").replace(f"-{os.getpid()}-", f"-{dead.pid}-")
+        alive = temp_sibling(str(dest), "loading").replace(f"-{os.getpid()}-", f"-{live.pid}-")
+        for d in (stale, alive):
+            os.makedirs(os.path.join(d, "chunks"))
+        mr.ReplayStore.load(snap, dest).close()
         assert _hidden(tmp_path, dest.name) == [os.path.basename(alive)]
     finally:
         live.kill()
