@@ -13,7 +13,8 @@ to the newest), in id order:
     truncated   bool     the step ended its episode otherwise (a time limit, or reset() mid-episode)
     sampleable  bool     it can be sampled now
     priority    float64  its raw priority (prioritized stores; NaN when not sampleable)
-    <extra>     each extra with shape () under its name (``extra_<name>`` if that is one of the above)
+    <extra>     each extra with shape () under its name; one named like a column above is prefixed with
+                ``extra_`` (again while that is another extra's name)
 
 ``step`` counts from the episode's first observation, also for an episode whose first observation was
 retired (the manifest's ``head_epos`` carries its position across a reopen; a store written before
@@ -24,6 +25,7 @@ pyarrow and pandas are optional (``pip install 'mmreplay[tables]'``); each is im
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -56,9 +58,12 @@ def transition_columns(index: Index, arrays: dict[str, np.ndarray], schema: Sche
         prio = np.full(slots.size, np.nan)
         prio[t["valid"]] = priorities(t["id"][t["valid"]])
         cols["priority"] = prio
-    for spec in schema.extras:
-        if spec.shape == ():
-            cols[f"extra_{spec.name}" if spec.name in FIXED else spec.name] = arrays["x_" + spec.name][slots]
+    scalar = [spec.name for spec in schema.extras if spec.shape == ()]
+    for name in [n for n in scalar if n not in FIXED] + [n for n in scalar if n in FIXED]:
+        column = name
+        while column in cols:  # a fixed column's name (extras "id" and "extra_id": extra_extra_id, extra_id)
+            column = "extra_" + column
+        cols[column] = arrays["x_" + name][slots]
     return cols
 
 
@@ -77,7 +82,7 @@ def arrow_table(cols: dict[str, np.ndarray]) -> Any:
     arrays = {}
     for name, col in cols.items():
         if col.ndim > 1:
-            flat = np.ascontiguousarray(col).reshape(col.shape[0], -1)
+            flat = np.ascontiguousarray(col).reshape(col.shape[0], math.prod(col.shape[1:]))  # (-1: not for 0 rows)
             arrays[name] = pa.FixedSizeListArray.from_arrays(pa.array(flat.ravel()), flat.shape[1])
         else:
             arrays[name] = pa.array(col)
@@ -90,7 +95,7 @@ def pandas_frame(cols: dict[str, np.ndarray]) -> Any:
     data = {}
     for name, col in cols.items():
         if col.ndim > 1:
-            flat = np.ascontiguousarray(col).reshape(col.shape[0], -1)
+            flat = np.ascontiguousarray(col).reshape(col.shape[0], math.prod(col.shape[1:]))  # (-1: not for 0 rows)
             data[name] = pd.Series(list(flat), dtype=object)
         else:
             data[name] = col

@@ -99,6 +99,34 @@ def test_arrow_table_and_shaped_actions(tmp_path):
     s.close()
 
 
+def test_an_empty_table_with_a_shaped_action(tmp_path):
+    require("pyarrow")
+    require("pandas")
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(1,), action_shape=(2,), n_step=1)
+    assert s.to_arrow().num_rows == 0 and s.to_pandas().empty  # a fresh store
+    s.reset(np.zeros(1, np.uint8))
+    for t in range(3):
+        s.step(np.array([t, t]), 1.0, np.ones(1, np.uint8), False, False)
+    assert s.to_arrow().num_rows == 3
+    s.clear()
+    assert s.to_arrow().num_rows == 0 and s.to_pandas().empty
+    s.close()
+
+
+def test_extras_named_like_a_column_or_its_prefixed_name_keep_their_own_columns(tmp_path):
+    require("pandas")
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(1,), n_step=1,
+                              extras={"id": ((), "int64"), "extra_id": ((), "int64")})
+    s.reset(np.zeros(1, np.uint8))
+    for t in range(3):
+        s.step(0, 1.0, np.ones(1, np.uint8), False, False, id=100 + t, extra_id=200 + t)
+    df = s.to_pandas()
+    assert df["id"].tolist() == [0, 1, 2]
+    assert df["extra_id"].tolist() == [200, 201, 202]  # the extra "extra_id" keeps its name
+    assert df["extra_extra_id"].tolist() == [100, 101, 102]  # "id" is a column, and extra_id is taken
+    s.close()
+
+
 def test_a_clear_error_names_the_extra(tmp_path, monkeypatch):
     s = mr.ReplayStore.create(tmp_path / "s", capacity=10, obs_shape=(1,))
     real = builtins.__import__
