@@ -589,33 +589,42 @@ class Index:
     def episodes(self, rewards: np.ndarray) -> EpisodeTable:
         """The table of episodes with a retained frame (``rewards``: the ring's reward column).
 
-        After ``clear()`` it starts at the row the clear happened at (an episode that ran across it lost
-        its head, so it is not complete), or one row earlier for a stream whose episode had just been reset.
+        After ``clear()`` a stream's episode that ran across it is listed from its last frame before the
+        clear (its head was lost, so it is not complete; the transitions after the clear are its own).
         """
         return episode_table(self._flags, rewards, self._slot_id, self.geo.slots, self.geo.num_envs,
                              self.listed_rows(), self._rows)
 
     def listed_rows(self) -> np.ndarray:
-        """Per stream, the first row whose frames are listed (episodes, tables): the oldest retained row,
-        or after ``clear()`` the row it happened at (one earlier where that row starts an episode)."""
+        """Per stream, the first row whose frames are listed (episodes, tables): the oldest retained row, or
+        after ``clear()`` the last frame before it where the stream's episode was just reset, or was open at
+        the clear and went on (the observation of its first transition after it), else the row the clear
+        happened at."""
         lo = self._oldest_row.copy()
         after = np.flatnonzero(self._clear_row > self._oldest_row)
         if after.size:
-            prev = self._flags[self.geo.slots(after, self._clear_row[after] - 1)]
-            lo[after] = self._clear_row[after] - ((prev & START) != 0)
+            at = self._clear_row[after]
+            prev = self._flags[self.geo.slots(after, at - 1)]
+            # an episode just reset is listed from its first observation; one that ran across the clear once a
+            # transition follows it (before that, nothing of it is listed: it was all written before the clear)
+            lo[after] = at - (((prev & START) != 0) | (((prev & END) == 0) & (self._rows[after] > at)))
         return lo
 
     def transition_rows(self) -> dict[str, np.ndarray]:
-        """Every retained transition not removed by ``clear()``, in id order: ``id``, ``slot``, ``stream``,
-        ``row`` (of its next frame), ``episode_pos`` (that frame's episode position), ``flags`` (RAM bits),
-        ``valid``."""
+        """Every transition not removed by ``clear()`` whose two frames are retained (the episodes' listing:
+        ``listed_rows``), in id order: ``id``, ``slot``, ``stream``, ``row`` (of its next frame),
+        ``episode_pos`` (that frame's episode position), ``flags`` (RAM bits), ``valid``."""
         lo, hi = max(self._oldest_id, self._clear_id), self._next_id
         if hi <= lo:
             slots = np.empty(0, np.int64)
         else:
             slots = np.asarray(self.slots_of_range(lo, hi), np.int64)
         stream, row = self.geo.rows_of(slots)
-        return {"id": np.arange(lo, max(lo, hi), dtype=np.int64), "slot": slots, "stream": stream, "row": row,
+        ids = np.arange(lo, max(lo, hi), dtype=np.int64)
+        keep = row > self.listed_rows()[stream]  # (the oldest retained ones: their observation was retired)
+        if not keep.all():
+            slots, stream, row, ids = slots[keep], stream[keep], row[keep], ids[keep]
+        return {"id": ids, "slot": slots, "stream": stream, "row": row,
                 "episode_pos": self._episode_pos[slots].astype(np.int64), "flags": self._flags[slots], "valid": self._valid[slots]}
 
     # -- invalidation ----------------------------------------------------------------------------------

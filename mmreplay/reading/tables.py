@@ -1,7 +1,7 @@
 """A store's transitions as a table (``store.to_arrow()``, ``store.to_pandas()``): scalar columns, no frames.
 
-One row per retained transition (ids from the oldest retained one, or from the last ``clear()``, up
-to the newest), in id order:
+One row per transition whose two frames are retained (ids from the oldest such one, or from the last
+``clear()``, up to the newest), in id order, so that each is one of its episode's steps in ``episodes()``:
 
     id          int64    the transition id
     episode     int64    the episode's row in ``store.episodes()`` taken at the same moment

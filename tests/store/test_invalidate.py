@@ -214,7 +214,9 @@ def test_clear_removes_everything_and_ids_keep_counting(tmp_path):
     assert r.sampleable_ids().tolist() == ids.tolist()
     t = r.episodes()
     assert t.complete.tolist() == [False, True, True, True, False]  # the one across the clear is cut; 70- runs
-    assert not t.start_retained[0] and t.first_row[0] == rows
+    # listed from its last frame before the clear: the first transition after it (45) is its own
+    assert not t.start_retained[0] and t.first_row[0] == rows[0] - 1
+    assert t.first_id[0] == 45 and r.episode_steps(t, 0).actions.size == t.length[0]
     first = r.gather(np.array([45]))
     assert first.obs[0, -1, 0] == 45 and first.next_obs[0, -1, 0] == 48  # obs predates the clear (n_step 3)
     r.close()
@@ -249,7 +251,8 @@ def test_clear_of_a_vector_store(tmp_path):
         s.step([0, 0], [1.0, 1.0], np.full((2, 2), t, np.int32), [t in ends[0], t in ends[1]], [False, False])
     t = s.episodes()
     assert list(zip(t.stream.tolist(), t.first_row.tolist(), t.complete.tolist(), strict=True)) == [
-        (0, 10, False), (0, 16, True), (0, 19, False), (1, 9, True), (1, 13, False)]
+        (0, 9, False), (0, 16, True), (0, 19, False), (1, 9, True), (1, 13, False)]  # env 0: from its last frame
+    # before the clear, the observation of its first transition after it
     assert s.sampleable_ids().min() == cleared
     s.close()
 

@@ -146,3 +146,43 @@ def test_a_clear_error_names_the_extra(tmp_path, monkeypatch):
         s.to_pandas()
     monkeypatch.undo()
     s.close()
+
+
+def _episodes_hold_the_tables_rows(s: mr.ReplayStore) -> None:
+    """Each episode's rows in to_pandas() are the ids episodes() gives it, and its steps are theirs."""
+    df, t = s.to_pandas(), s.episodes()
+    for e in range(len(t)):
+        ids = df["id"][df["episode"] == e].tolist()
+        assert ids == list(range(int(t.first_id[e]), int(t.first_id[e]) + int(t.length[e]))), e
+        np.testing.assert_array_equal(s.episode_steps(t, e).actions, df["action"][df["episode"] == e].to_numpy())
+
+
+def test_the_episode_running_across_a_clear_holds_its_first_transition_after_it(tmp_path):
+    require("pandas")
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(1,), obs_dtype="int32")
+    s.reset(np.array([0], np.int32))
+    for t in range(1, 4):
+        s.step(t, float(t), np.array([t], np.int32), False, False)  # ids 0..2
+    s.clear()
+    assert len(s.episodes()) == 0 and s.to_pandas().empty  # nothing written before the clear is listed
+    for t in range(4, 6):
+        s.step(t, float(t), np.array([t], np.int32), False, False)  # ids 3, 4: the episode goes on
+    t = s.episodes()
+    assert t.first_id.tolist() == [3] and t.length.tolist() == [2] and t.returns.tolist() == [9.0]
+    assert not t.start_retained[0] and not t.complete[0]
+    _episodes_hold_the_tables_rows(s)
+    s.close()
+
+
+def test_a_transition_whose_observation_was_retired_is_in_neither_listing(tmp_path):
+    require("pandas")
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=20, obs_shape=(1,), obs_dtype="int32", chunk_size=8)
+    s.reset(np.array([0], np.int32))
+    for t in range(1, 60):
+        s.step(t, float(t), np.array([t], np.int32), False, False)
+    lo, hi = s.id_range
+    df = s.to_pandas()
+    assert df["id"].iloc[0] == lo + 1 and df["id"].iloc[-1] == hi - 1  # id lo's observation is gone
+    assert lo not in s.sampleable_ids()
+    _episodes_hold_the_tables_rows(s)
+    s.close()
