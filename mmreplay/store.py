@@ -797,6 +797,8 @@ class ReplayStore:
         """
         self._check_open()
         ids = _inputs.ids_array(index).copy()  # the batch owns its index array
+        if ids.size:
+            _inputs.batch_size_arg(ids.size, self._inputs.row_bytes)  # (as many rows as fit, as for sample())
         self._update_validity()
         idx = self._index
         idx.check_ids(ids)
@@ -805,13 +807,18 @@ class ReplayStore:
     @_serialized
     def iter_batches(self, batch_size: int, shuffle: bool = True, seed: int | None = None,
                      drop_last: bool = False) -> Iterator[Batch]:
-        """One epoch over every transition sampleable now, in batches (the last may be smaller).
+        """One epoch over every transition sampleable now, in batches (the last may be smaller; with
+        ``drop_last=True`` it is left out).
 
         The id set is fixed by this call; rows evicted before their batch is yielded are skipped.
-        Uses its own generator (``seed``), never the sampling RNG.
+        ``shuffle``: in a random order from its own generator (``seed``), never the sampling RNG; else in
+        id order.
         """
         self._check_open()
-        b = _inputs.batch_size_arg(batch_size)
+        b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
+        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{name}: expected True or False, got {value!r}")
         self._update_validity()
         ids = self._index.valid_ids()
         if shuffle:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,23 @@ def test_iter_batches_is_one_epoch_and_keeps_the_rng(tmp_path):
     sizes = [len(b) for b in s.iter_batches(64, shuffle=False, drop_last=True)]
     assert set(sizes) == {64}
     s.close()
+
+
+def test_iter_batches_and_gather_refuse_what_they_cannot_do(tmp_path):
+    s = _fill(tmp_path / "s")
+    with pytest.raises(TypeError, match="shuffle: expected True or False, got 'False'"):
+        s.iter_batches(8, shuffle="False")  # (a truthy string would have shuffled)
+    with pytest.raises(TypeError, match="drop_last: expected True or False"):
+        s.iter_batches(8, drop_last=1)
+    assert len(s.gather(s.sampleable_ids()[:3])) == 3
+    s.close()
+    big = mr.ReplayStore.create(tmp_path / "big", capacity=100, obs_shape=(84, 84), stack=4)  # 56 KiB a row
+    big.reset(np.zeros((84, 84), np.uint8))
+    big.step(0, 1.0, np.zeros((84, 84), np.uint8), False, False)
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    with pytest.raises(ValueError, match="half of this machine's memory"):
+        big.gather(np.zeros(budget // (2 * 4 * 84 * 84) + 1, np.int64))  # refused before anything is allocated
+    big.close()
 
 
 def test_iter_batches_skips_rows_evicted_meanwhile(tmp_path):
