@@ -37,26 +37,24 @@ def progress(total: int, desc: str, quiet: bool, unit: str = "step") -> Any:
     return tqdm(total=total, desc=desc, unit=unit, disable=quiet, leave=False, file=sys.stderr)
 
 
-def positive_int(text: str) -> int:
-    """argparse ``type=``: an int >= 1 (argparse names the flag in its error)."""
+def _int_from(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse ``type=``: an int >= 1 (argparse names the flag in its error)."""
+    return _int_from(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse ``type=``: an int >= 0 (a seed)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _int_from(text, 0)
 
 
 def unit_float(text: str) -> float:
