@@ -223,6 +223,11 @@ def write(path: str, raw: np.ndarray, count: int, dtype: np.dtype, shape: tuple[
     if body is None:
         records, data = encode(raw.reshape(count, *shape) if raw.dtype == dtype else
                                raw.view(dtype).reshape(count, *shape), codec)
+        if min_saving is not None:  # judged as encode_native judges it: the first PROBE_FRAMES frames, then all
+            sizes = np.cumsum(records["length"], dtype=np.int64)
+            probe = min(count, PROBE_FRAMES)
+            if any(sizes[n - 1] > (1 - min_saving) * n * frame_bytes for n in {probe, count} if n):
+                return None
         records["offset"] += data_start
         body = np.concatenate([np.frombuffer(head, np.uint8), records.view(np.uint8), data])
     if native:

@@ -224,6 +224,20 @@ def test_incompressible_and_tiny_frames_are_stored_raw():
         assert np.array_equal(buf.reshape(3, fb), frames)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_a_chunk_that_would_not_shrink_enough_is_not_written_by_either_encoder(tmp_path, native):
+    # the sealer keeps such a chunk's raw frames (FORMAT.md), with numba or without it (NUMBA_DISABLE_JIT=1)
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (300, 16, 16), dtype=np.uint8)
+    flat = np.repeat(rng.integers(0, 4, (300, 1, 1), dtype=np.uint8), 256, axis=1).reshape(300, 16, 16)
+    path = str(tmp_path / "f.lz4")
+    assert framefile.write(path, noise.reshape(-1), 300, noise.dtype, (16, 16), "lz4", native=native,
+                           min_saving=0.1) is None
+    assert not (tmp_path / "f.lz4").exists()
+    assert framefile.write(path, flat.reshape(-1), 300, flat.dtype, (16, 16), "lz4", native=native,
+                           min_saving=0.1) is not None
+
+
 def test_real_frames_round_trip_through_every_decoder(atari_frames):
     frames = atari_frames[::7][:600]
     n, fb = frames.shape[0], frames[0].nbytes
