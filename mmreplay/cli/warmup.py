@@ -13,7 +13,8 @@ from .main import out, progress
 
 def cmd_warmup(args: argparse.Namespace) -> int:
     if not warmup.available():
-        out("numba is not installed: nothing to compile (mmreplay runs its numpy paths)")
+        out("numba does not compile here (not installed, or NUMBA_DISABLE_JIT=1): nothing to compile (mmreplay"
+            " runs its numpy paths)")
         return 0
     t = time.perf_counter()
     with progress(len(warmup.KERNELS), "compiling", args.quiet, unit="kernel") as bar:

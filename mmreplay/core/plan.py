@@ -91,7 +91,7 @@ class RowMath:
             sl = geo.slots(s[:, None], span)  # (B, k+n)
         else:
             sl = slots[:, None] + self._span
-        wslots = sl[:, k:]
+        wslots = np.ascontiguousarray(sl[:, k:])  # (the reward slots the n-step kernel takes: C order, as warmed)
         fl = flags[wslots]  # the window's frames
         ends = (fl & END) != 0
         m = (ends | self._last_col).argmax(axis=1) + 1  # window length: up to and including the first end

@@ -43,6 +43,8 @@ from typing import Any
 
 import numpy as np
 
+from . import jit_enabled
+
 
 def _ro(a: np.ndarray) -> np.ndarray:
     a = a.copy()
@@ -178,12 +180,9 @@ class Compiled:
 
 
 def available() -> bool:
-    """Whether numba can be imported (without it the package runs its numpy paths and nothing compiles)."""
-    try:
-        import numba  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether numba compiles here (without it, or under ``NUMBA_DISABLE_JIT=1``, the package runs its numpy
+    paths and nothing compiles)."""
+    return jit_enabled()
 
 
 def cache_dir() -> str:

@@ -45,6 +45,15 @@ for i, kw in enumerate([{}, {"prioritized": mr.Prioritized()}, {"compression": N
     s.close()
     with mr.ReplayStore.open(path, mode="r") as r:
         r.sample(32)
+# a vector store whose streams are written apart (extend()): the plan's numpy path feeds the n-step kernel
+v = mr.ReplayStore.create(os.path.join(sys.argv[1], "v"), capacity=512, obs_shape=(8, 8), num_envs=2, stack=2,
+                          n_step=3, chunk_size=64)
+for env, n in ((0, 50), (1, 20)):
+    v.reset(np.zeros((8, 8), np.uint8), env=env)
+    v.extend(np.zeros(n, np.int64), np.ones(n), np.ones((n, 8, 8), np.uint8), np.zeros(n, bool), np.zeros(n, bool),
+             env=env)
+v.sample(8)
+v.close()
 hits, misses = 0, []
 for name, mod in list(sys.modules.items()):
     if name.startswith("mmreplay.native"):
@@ -94,6 +103,13 @@ def test_warmup_fills_the_cache_and_a_later_process_compiles_nothing(tmp_path):
     counts = json.loads(out.stdout.splitlines()[-1])
     assert counts["misses"] == []  # every kernel the stores called was in the cache: none compiled
     assert counts["hits"] > 0
+
+
+def test_warmup_without_the_jit_says_nothing_compiles():
+    done = subprocess.run([sys.executable, "-m", "mmreplay", "warmup"], capture_output=True, text=True,
+                          env=_env(NUMBA_DISABLE_JIT="1"), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "NUMBA_DISABLE_JIT=1): nothing to compile" in done.stdout
 
 
 def test_background_warmup_starts_once_and_finishes():
