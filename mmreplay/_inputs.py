@@ -25,11 +25,32 @@ def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casti
     arr = value if type(value) is np.ndarray else np.asarray(value)
     if arr.shape != shape:
         raise ValueError(f"{name}: expected shape {shape}{hint}, got {arr.shape}")
-    if arr.dtype != dtype and arr.size and not np.can_cast(arr.dtype, dtype, casting=casting):
+    if arr.dtype != dtype and arr.size and not np.can_cast(arr.dtype, dtype, casting="safe"):
+        _check_narrowing(name, arr, dtype, casting)
+    return arr
+
+
+def _check_narrowing(name: str, arr: np.ndarray, dtype: np.dtype, casting: Casting) -> None:
+    """An array that the store's dtype cannot hold every value of: with ``same_kind`` (actions, extras)
+    integers may go into any integer dtype and floats into a narrower float as long as every value fits
+    (a cast would wrap 300 into int8's 44, or turn 1e10 into float16's inf); anything else is refused."""
+    if casting == "same_kind" and arr.dtype.kind in "biu" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        bad = (arr < info.min) | (arr > info.max)
+    elif np.can_cast(arr.dtype, dtype, casting=casting):
+        if not (arr.dtype.kind == "f" and dtype.kind == "f"):
+            return
+        with np.errstate(over="ignore"):
+            bad = np.isfinite(arr) & ~np.isfinite(arr.astype(dtype))
+    else:
         raise TypeError(
             f"{name}: expected dtype {dtype}, got {arr.dtype}; convert it (e.g. .astype(np.{dtype.name}))"
             f" or create the store with a matching dtype")
-    return arr
+    if bad.any():
+        at = np.unravel_index(int(np.flatnonzero(bad.ravel())[0]), arr.shape)
+        where = f" at {tuple(int(i) for i in at)}" if arr.ndim else ""
+        raise ValueError(f"{name}: {arr[at].item()!r}{where} does not fit the store's dtype {dtype}; give values it holds"
+                         " or create the store with a wider dtype")
 
 
 def quantized(name: str, arr: np.ndarray, shape: tuple[int, ...], hint: str) -> np.ndarray:

@@ -235,3 +235,32 @@ def test_open_refuses_a_negative_seed_naming_it(tmp_path):
     with pytest.raises(ValueError, match="seed must be an int >= 0, got -3"):
         mr.ReplayStore.open(tmp_path / "s", seed=-3)
     mr.ReplayStore.open(tmp_path / "s", seed=3).close()  # (the lock was not kept by the refused open)
+
+
+def test_actions_and_extras_that_do_not_fit_their_dtype_are_refused_not_wrapped(tmp_path):
+    s = mr.ReplayStore.create(tmp_path / "s", capacity=100, obs_shape=(2,), action_dtype="int8",
+                              extras={"h": ((), "int16"), "f": ((2,), "float16")})
+    s.reset(np.zeros(2, np.uint8))
+    ok = dict(h=np.int64(5), f=np.zeros(2))
+    with pytest.raises(ValueError, match="action: 300 does not fit the store's dtype int8"):
+        s.step(300, 1.0, np.zeros(2, np.uint8), False, False, **ok)  # (a cast would have stored 44)
+    with pytest.raises(ValueError, match=r"extras\['h'\]: 70000 does not fit the store's dtype int16"):
+        s.step(1, 1.0, np.zeros(2, np.uint8), False, False, h=70000, f=np.zeros(2))
+    with pytest.raises(ValueError, match=r"extras\['f'\]: 10000000000.0 at \(1,\) does not fit .* float16"):
+        s.step(1, 1.0, np.zeros(2, np.uint8), False, False, h=5, f=np.array([0.5, 1e10]))
+    with pytest.raises(ValueError, match=r"actions: 1000 at \(0,\) does not fit"):
+        s.extend([1000, 2], [1.0, 1.0], np.zeros((2, 2), np.uint8), [False, False], [False, False],
+                 h=np.zeros(2, np.int64), f=np.zeros((2, 2)))
+    assert s.id_range == (0, 0)  # nothing was written
+    s.step(-128, 1.0, np.zeros(2, np.uint8), False, False, h=np.int64(-32768), f=np.array([0.1, 65504.0]))
+    s.step(np.uint64(127), 1.0, np.zeros(2, np.uint8), False, False, **ok)
+    assert s.gather([0, 1]).action.tolist() == [-128, 127]
+    u = mr.ReplayStore.create(tmp_path / "u", capacity=100, obs_shape=(2,), action_dtype="uint8")
+    u.reset(np.zeros(2, np.uint8))
+    u.step(3, 1.0, np.zeros(2, np.uint8), False, False)  # a Python int into uint8 (it was refused as int64)
+    with pytest.raises(ValueError, match="action: -1 does not fit the store's dtype uint8"):
+        u.step(-1, 1.0, np.zeros(2, np.uint8), False, False)
+    with pytest.raises(TypeError, match="action: expected dtype uint8, got float64"):
+        u.step(1.5, 1.0, np.zeros(2, np.uint8), False, False)
+    u.close()
+    s.close()
