@@ -100,13 +100,7 @@ def assemble(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discoun
             next_obs[plan.next_pad] = 0
         if plan.next_missing.any():
             next_obs[plan.next_missing] = 0
-    # n-step return: float64 terms summed strictly in increasing i, then float32 (native pass; its numpy
-    # reference is ``nstep_returns_numpy``, which runs instead where numba does not compile)
-    if _NATIVE:
-        reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
-                                         plan.window, plan.terminated)
-    else:
-        reward, discount = nstep_returns_numpy(arrays["reward"], plan, discounts)
+    reward, discount = _returns(plan, arrays, discounts)
     return Batch(
         obs=obs,
         action=arrays["action"][plan.slots],
@@ -272,6 +266,15 @@ def post_distinct(reader: FrameReader, slots: np.ndarray, zero: np.ndarray | Non
     return PostedFrames(frames, positions, posted)
 
 
+def _returns(plan: Plan, arrays: dict[str, np.ndarray], discounts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The batch's n-step rewards and discounts: float64 terms summed strictly in increasing i, then float32
+    (native pass; its numpy reference ``nstep_returns_numpy`` runs instead where numba does not compile)."""
+    if _NATIVE:
+        return nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts, plan.window,
+                             plan.terminated)
+    return nstep_returns_numpy(arrays["reward"], plan, discounts)
+
+
 def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, discounts: np.ndarray,
                     extra_names: tuple[str, ...], reader: FrameReader, weight: np.ndarray | None = None,
                     frame_buffer: FrameBuffer | None = None, posted: PostedFrames | None = None,
@@ -280,8 +283,7 @@ def assemble_frames(plan: Plan, arrays: dict[str, np.ndarray], ids: np.ndarray, 
     ``frame_buffer``'s array), the stacks as positions into them; everything else as ``assemble``.
     ``posted``: its frames, already being read (``post_frames``); ``then`` runs once they are read."""
     frames, positions = distinct_frames(reader, posted, then, lambda: _stack_slots(plan), frame_buffer)
-    reward, discount = nstep_returns(arrays["reward"], plan.reward_slots, plan.reward_weights, discounts,
-                                     plan.window, plan.terminated)
+    reward, discount = _returns(plan, arrays, discounts)
     return FrameBatch(
         frames=frames,
         obs_index=positions[0],

@@ -57,6 +57,9 @@ def sample_digest(path: str, expect: str) -> None:
     for _ in range(3):
         add(next(it))
     it.close()
+    it = s.batches(16, prefetch=1, frames="distinct")  # (its returns are computed apart from sample()'s)
+    add(next(it))
+    it.close()
     add(s.sample_sequences(4, 6))
     add(s.gather(s.sampleable_ids()[::7]))
     add(s.sample(128))
