@@ -76,11 +76,12 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
     base = os.path.join(snapshot_dir, "chunks")
     os.makedirs(base, exist_ok=True)
     for c in chunks:
-        name = c["name"] if c["sealed"] else f"{c['name'].split('g')[0]}g{generation:06d}"
-        if c["sealed"] and _taken(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, c, columns)):
-            # another file of that name belongs to the generation being replaced (another store's, or this one's
-            # before a crash reused the name): it stays as it is until the new manifest is written
-            name = f"{c['name'].split('g')[0]}g{generation:06d}"
+        name = c["name"]
+        # The open chunk is copied under a new name; so is a sealed one whose name holds another file: one of the
+        # generation being replaced (another store's, or this one's before a crash reused the name), which stays
+        # as it is until the new manifest is written
+        if not c["sealed"] or _taken(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, c, columns)):
+            name = _free_name(snapshot_dir, c, columns, generation)
         pairs = zip(chunk_files(store_root, c, columns), chunk_files(snapshot_dir, dict(c, name=name), columns),
                     strict=True)
         for src, dst in pairs:
@@ -91,6 +92,19 @@ def write_snapshot_chunks(store_root: str, snapshot_dir: str, chunks: list[dict[
         out.append(dict(c, name=name))
     fsync_dir(base)
     return out
+
+
+def _free_name(snapshot_dir: str, c: dict[str, Any], columns: list[str], generation: int) -> str:
+    """A name for chunk ``c`` in ``snapshot_dir`` of this generation that no file there has (a file of that
+    name is the previous generation's, or a failed save's leftover: never replaced)."""
+    seq = c["name"].split("g")[0]
+    for k in range(1000):
+        name = f"{seq}g{generation:06d}{'' if k == 0 else f'{k:03d}'}"
+        if name != c["name"] and not any(os.path.lexists(p) for p in chunk_files(snapshot_dir, dict(c, name=name),
+                                                                                 columns)):
+            return name
+    raise FileExistsError(f"save(): {snapshot_dir}/chunks holds a file under every name tried for chunk {seq};"
+                          " give a new directory")
 
 
 def _taken(sources: list[str], targets: list[str]) -> bool:

@@ -264,3 +264,41 @@ def test_a_reader_whose_commit_the_writer_moved_past_is_told_to_refresh(tmp_path
     w.close()
     with mr.ReplayStore.load(snap, tmp_path / "back") as b:
         np.testing.assert_array_equal(b.gather(b.sampleable_ids()).obs, rows.obs)
+
+
+def test_a_failed_save_never_replaces_a_file_whose_name_carries_a_generation(tmp_path, monkeypatch):
+    # B and C are loaded from one snapshot: their former open chunk, named ...g000002, seals with other data in
+    # each. C's snapshot lists it under that name; B's save into the same directory may not replace it
+    def one(v):
+        return np.full(1, v, np.uint8)
+
+    a = mr.ReplayStore.create(tmp_path / "a", capacity=64, obs_shape=(1,), chunk_size=8)
+    a.reset(one(0))
+    for _ in range(3):
+        a.step(0, 0.0, one(1), False, False)
+    a.save(tmp_path / "x")
+    a.step(0, 0.0, one(1), False, False)
+    x = a.save(tmp_path / "x")  # generation 2: the open chunk is copied as ...g000002
+    a.close()
+    b, c = mr.ReplayStore.load(x, tmp_path / "b"), mr.ReplayStore.load(x, tmp_path / "c")
+    for store, v in ((b, 7), (c, 9)):
+        for _ in range(10):
+            store.step(0, 0.0, one(v), False, False)
+    snap = c.save(tmp_path / "s")
+    real = mr.core.durability.write_manifest
+
+    def full(target, body):
+        if os.path.abspath(target) == snap:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(target, body)
+
+    monkeypatch.setattr(mr.core.durability, "write_manifest", full)
+    with pytest.raises(mr.StoreIOError, match="No space left"):
+        b.save(snap)
+    monkeypatch.undo()
+    assert mr.verify_store(snap) == []
+    rows_c = c.gather(c.sampleable_ids())
+    with mr.ReplayStore.load(snap, tmp_path / "back") as back:
+        np.testing.assert_array_equal(back.gather(back.sampleable_ids()).obs, rows_c.obs)
+    b.close(commit=False)
+    c.close()
