@@ -38,9 +38,9 @@ def _check_narrowing(name: str, arr: np.ndarray, dtype: np.dtype, casting: Casti
         info = np.iinfo(dtype)
         bad = (arr < info.min) | (arr > info.max)
     elif np.can_cast(arr.dtype, dtype, casting=casting):
-        if not (arr.dtype.kind == "f" and dtype.kind == "f"):
+        if not (arr.dtype.kind in "biuf" and dtype.kind == "f"):
             return
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore"):  # (an int beyond the float's range becomes inf too)
             bad = np.isfinite(arr) & ~np.isfinite(arr.astype(dtype))
     else:
         raise TypeError(

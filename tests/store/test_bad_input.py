@@ -264,3 +264,10 @@ def test_actions_and_extras_that_do_not_fit_their_dtype_are_refused_not_wrapped(
         u.step(1.5, 1.0, np.zeros(2, np.uint8), False, False)
     u.close()
     s.close()
+    f = mr.ReplayStore.create(tmp_path / "f", capacity=100, obs_shape=(2,), action_dtype="float16")
+    f.reset(np.zeros(2, np.uint8))
+    with pytest.raises(ValueError, match="action: 70000 does not fit the store's dtype float16"):
+        f.step(70000, 1.0, np.zeros(2, np.uint8), False, False)  # (an int beyond float16's range: inf)
+    f.step(300, 1.0, np.zeros(2, np.uint8), False, False)
+    assert f.gather([0]).action.tolist() == [300.0]
+    f.close()
