@@ -65,7 +65,7 @@ __all__ = ["RateLimiter", "StoreLimit", "store_limiter", "COUNTERS", "READERS", 
 COUNTERS = "ratelimit.npy"
 READERS = "ratelimit.readers"
 SLOTS = 8
-INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID, CHECK, _, TAG = range(8)
+INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID, CHECK, PREVIOUS_TOTAL, TAG = range(8)
 CHECK_KEY = 0x6D6D72706C617931  # "mmrplay1": a check of all zeros is never right
 CHECK_TAG = 0x434B  # "CK"
 LOCK_WAIT_MIN = 1.0  # seconds: a lock is held for one draw; waiting longer means its holder is stopped
@@ -280,6 +280,9 @@ class RateLimiter:
         path = os.path.join(self.root, COUNTERS)
         self._check_file(os.fstat(self._fd))
         total, base = c[SAMPLED_TOTAL], c[SAMPLED_BASE]
+        if c[TAG] == CHECK_TAG and c[CHECK] != _check(total, base) and c[CHECK] == _check(c[PREVIOUS_TOTAL], base):
+            # a sampler killed between its stores of the new total and of its check: undone (see _set_sampled)
+            c[SAMPLED_TOTAL] = total = c[PREVIOUS_TOTAL]
         bad = ""
         if c[TAG] == CHECK_TAG and c[CHECK] != _check(total, base):
             bad = "their check (slot 5) does not match"
@@ -302,7 +305,11 @@ class RateLimiter:
 
     @staticmethod
     def _set_sampled(c: memoryview, total: int, base: int) -> None:
-        """Change the sampled counts (under the lock), with their check."""
+        """Change the sampled counts (under the lock), with their check. The total before goes first to its
+        own slot: a process killed before the new check is stored leaves counts that the check matches with
+        that total, and the next lock holder puts it back (``_check_counts``), where any other mismatch is
+        damage."""
+        c[PREVIOUS_TOTAL] = c[SAMPLED_TOTAL]
         c[SAMPLED_TOTAL], c[SAMPLED_BASE] = total, base
         c[CHECK] = _check(total, base)
 

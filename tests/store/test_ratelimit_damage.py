@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mmreplay as mr
-from mmreplay.core.ratelimit import INSERTED, SAMPLED_TOTAL
+from mmreplay.core.ratelimit import INSERTED, PREVIOUS_TOTAL, SAMPLED_TOTAL
 
 SLOT0 = 128  # the counters' offset in ratelimit.npy (a version 1.0 .npy header)
 
@@ -58,6 +58,32 @@ def test_a_flipped_sampled_count_is_refused_never_committed(tmp_path, bit):
     s = mr.ReplayStore.open(tmp_path / "s", mode="r+")
     assert s.inspect()["rate_limit"]["sampled"] == 0 and len(s) == 20
     s.commit()
+    s.close()
+    assert mr.verify_store(str(tmp_path / "s")) == []
+
+
+def _slot(path, slot, value=None):
+    with open(path / "ratelimit.npy", "r+b") as f:
+        f.seek(SLOT0 + 8 * slot)
+        if value is None:
+            return int.from_bytes(f.read(8), "little", signed=True)
+        f.write(int(value).to_bytes(8, "little", signed=True))
+        return value
+
+
+def test_a_sampler_killed_between_its_count_and_its_check_is_undone_not_damage(tmp_path):
+    s = _create(tmp_path / "s")
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")
+    r.sample(8)
+    r.sample(8)
+    assert _slot(tmp_path / "s", PREVIOUS_TOTAL) == 8 and _slot(tmp_path / "s", SAMPLED_TOTAL) == 16
+    # what a sampler killed after storing its new total, before its check, leaves: the total the check says first
+    _slot(tmp_path / "s", PREVIOUS_TOTAL, 16)
+    _slot(tmp_path / "s", SAMPLED_TOTAL, 21)
+    r.sample(8)  # the lock holder puts the total back (16), then counts its own rows
+    assert s.inspect()["rate_limit"]["sampled"] == 24
+    s.commit()
+    r.close()
     s.close()
     assert mr.verify_store(str(tmp_path / "s")) == []
 
