@@ -914,7 +914,8 @@ class ReplayStore:
     @_serialized
     def priority_mass(self) -> tuple[float, float]:
         """``(total, smallest positive)`` priority mass ``(p + eps) ** alpha`` of the sampleable transitions
-        (prioritized stores): what a draw across several stores weighs them by, and normalises with."""
+        (prioritized stores): what a draw across several stores weighs them by, and normalises with. The
+        smallest is 0.0 when no sampleable transition has a positive mass."""
         self._check_open()
         prio = self._require_prio("priority_mass")
         self._update_validity()

@@ -196,8 +196,9 @@ class PrioritizedSampler:
         return float(self.tree.total)
 
     def min_mass(self) -> float:
-        """The smallest positive mass (0.0 when nothing is sampleable)."""
-        return float(self.tree.min_positive) if self.index.n_valid else 0.0
+        """The smallest positive mass (0.0 when no sampleable transition has one)."""
+        m = float(self.tree.min_positive) if self.index.n_valid else 0.0
+        return m if math.isfinite(m) else 0.0  # (every mass 0: the tree's "none" is inf)
 
     def positive_slots(self) -> int:
         """Slots carrying mass (equals the number of sampleable transitions when consistent)."""

@@ -129,6 +129,18 @@ def test_update_priorities_duplicates_skips_and_errors(tmp_path):
     s.close()
 
 
+def test_priority_mass_names_no_smallest_mass_when_none_is_positive(tmp_path):
+    s = _store(tmp_path / "s", prio=mr.Prioritized(alpha=0.6, beta=0.4, eps=0.0))
+    total, smallest = s.priority_mass()
+    assert total > 0 and smallest == 1.0  # everything entered with max_priority 1.0
+    ids = s.sampleable_ids()
+    s.update_priorities(ids, np.zeros(ids.size))
+    assert s.priority_mass() == (0.0, 0.0)  # as for a store with nothing sampleable (it was inf)
+    s.update_priorities(ids[:1], [4.0])
+    assert s.priority_mass()[1] == 4.0 ** 0.6
+    s.close()
+
+
 def test_pending_transitions_are_skipped_not_raised(tmp_path):
     s = _store(tmp_path / "s", n_step=3, steps=10)
     lo, hi = s.id_range
