@@ -30,18 +30,30 @@ def _array(name: str, value: Any, shape: tuple[int, ...], dtype: np.dtype, casti
     return arr
 
 
+def cast_losses(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Where a cast of ``values`` to ``dtype`` does not keep the value: an integer (or bool) outside an integer
+    dtype's range (a cast would wrap 300 into int8's 44), a finite value that a float dtype turns infinite (1e10
+    in float16), or any other value the cast changes (a fraction dropped). Rounding to a float is kept."""
+    if values.dtype.kind in "biu" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return (values < info.min) | (values > info.max)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = values.astype(dtype)
+        if dtype.kind == "f" and values.dtype.kind in "biuf":
+            return np.isfinite(values) & ~np.isfinite(out)
+        return out.astype(values.dtype) != values
+
+
 def _check_narrowing(name: str, arr: np.ndarray, dtype: np.dtype, casting: Casting) -> None:
     """An array that the store's dtype cannot hold every value of: with ``same_kind`` (actions, extras)
     integers may go into any integer dtype and floats into a narrower float as long as every value fits
-    (a cast would wrap 300 into int8's 44, or turn 1e10 into float16's inf); anything else is refused."""
+    (``cast_losses``); anything else is refused."""
     if casting == "same_kind" and arr.dtype.kind in "biu" and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        bad = (arr < info.min) | (arr > info.max)
+        bad = cast_losses(arr, dtype)
     elif np.can_cast(arr.dtype, dtype, casting=casting):
         if not (arr.dtype.kind in "biuf" and dtype.kind == "f"):
             return
-        with np.errstate(over="ignore"):  # (an int beyond the float's range becomes inf too)
-            bad = np.isfinite(arr) & ~np.isfinite(arr.astype(dtype))
+        bad = cast_losses(arr, dtype)
     else:
         raise TypeError(
             f"{name}: expected dtype {dtype}, got {arr.dtype}; convert it (e.g. .astype(np.{dtype.name}))"

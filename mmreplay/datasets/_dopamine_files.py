@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import cast_losses
 from ..options import MAX_N_STEP, MAX_STACK
 from ._common import require_path
 from ._gznpy import GzNpy
@@ -265,13 +266,10 @@ def conform(c: Checkpoint, specs: Specs, first: Checkpoint) -> None:
                                " hold the same columns (import them into separate stores)")
         if v.dtype == dtype:
             continue
-        with np.errstate(over="ignore", invalid="ignore"):
-            cast = v.astype(dtype)
-            lost = (np.isinf(cast) & ~np.isinf(v)) if dtype.kind == "f" else cast.astype(v.dtype) != v
-        bad = np.flatnonzero(lost.reshape(len(v), -1).any(axis=1))
+        bad = np.flatnonzero(cast_losses(v, dtype).reshape(len(v), -1).any(axis=1))
         if bad.size:
             j = int(bad[0])
             raise DatasetError(f"{where}: {PREFIX}{key} holds {v[j].tolist()!r} at slot {j} ({v.dtype}), which the"
                                f" store's {dtype} (the dtype of checkpoint {first.suffix}) cannot hold; import the"
                                " checkpoints into separate stores")
-        c.columns[key] = cast
+        c.columns[key] = v.astype(dtype)

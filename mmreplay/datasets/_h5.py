@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._inputs import cast_losses
 from .errors import DatasetError
 
 COMPRESSIONS = ("gzip", "lzf", "none")
@@ -162,12 +163,11 @@ def exact(values: np.ndarray, dtype: np.dtype, what: str) -> np.ndarray:
     dtype = np.dtype(dtype)
     if values.dtype == dtype:
         return values
+    lost = cast_losses(values, dtype)
     out = values.astype(dtype)
-    if values.dtype.kind == "f" and dtype.kind == "f":
-        same = bool(np.all(np.isfinite(out) | ~np.isfinite(values)))
-    else:
-        same = np.array_equal(out.astype(values.dtype), values)
-    if not same:
+    if values.dtype.kind in "biu" and dtype.kind == "f":  # (an integer must stay exact, not only finite)
+        lost |= out.astype(values.dtype) != values
+    if lost.any():
         raise DatasetError(f"{what}: values of dtype {values.dtype} that {dtype} cannot hold as they are (the dataset"
                            f" says {dtype}); the dataset is damaged or its dtypes do not match its description")
     return out
