@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import datetime
 import logging
 import math
@@ -100,10 +99,6 @@ class ExportResult:
 
 
 # -- reading a store for export -----------------------------------------------------------------------
-# The store an export reads (``open_reader``), so that its output (``atomic_output``) is kept apart from it.
-_EXPORTING: contextvars.ContextVar[str | None] = contextvars.ContextVar("mmreplay_exporting", default=None)
-
-
 @contextlib.contextmanager
 def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator[ReplayStore]:
     """A read-only view of the store's last commit (never the uncommitted state of a live writer)."""
@@ -114,11 +109,9 @@ def open_reader(store_or_path: ReplayStore | str | os.PathLike[str]) -> Iterator
     else:
         raise TypeError(f"export(): expected a ReplayStore or the path of one, got {type(store_or_path).__name__}")
     store = ReplayStore.open(path, mode="r")
-    exporting = _EXPORTING.set(store.path)
     try:
         yield store
     finally:
-        _EXPORTING.reset(exporting)
         store.close()
 
 
@@ -270,17 +263,17 @@ def _fsync_tree(path: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: str = "out") -> Iterator[str]:
+def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: str = "out",
+                  source: str | None = None) -> Iterator[str]:
     """Yield a temporary path next to ``final``; rename it to ``final`` when the block succeeds.
 
     Raises ``FileExistsError`` when ``final`` exists and ``overwrite`` is false, and ``ValueError`` when
-    ``final`` is, holds or lies inside the store an export reads (``check_output_apart``). On any
+    ``final`` is, holds or lies inside the store ``source`` an export reads (``check_output_apart``). On any
     exception (also KeyboardInterrupt) the temporary output is removed.
     """
     final = os.path.abspath(os.fspath(final))
-    exporting = _EXPORTING.get()
-    if exporting is not None:
-        check_output_apart(exporting, final, what)
+    if source is not None:
+        check_output_apart(source, final, what)
     if os.path.lexists(final) and not overwrite:
         raise FileExistsError(f"{what}: {final} already exists; remove it, choose another path or pass overwrite=True")
     parent = os.path.dirname(final)
@@ -305,17 +298,18 @@ def atomic_output(final: str | os.PathLike[str], overwrite: bool = False, what: 
 
 @contextlib.contextmanager
 def output(final: Location, overwrite: bool = False, what: str = "out", progress: ProgressArg = False,
-           last: tuple[str, ...] = ()) -> Iterator[str]:
+           last: tuple[str, ...] = (), source: str | None = None) -> Iterator[str]:
     """A local path to write an output to, put at ``final`` when the block succeeds.
 
-    Local ``final``: its hidden temporary sibling, renamed into place (``atomic_output``). Remote ``final``
+    Local ``final``: its hidden temporary sibling, renamed into place (``atomic_output``, kept apart from the
+    store ``source`` an export reads). Remote ``final``
     (HDF5 files, which the HDF5 library writes with seeks back into the file): a local staging directory,
     uploaded to ``final`` afterwards (the files at the relative paths ``last`` at the end) with a progress bar of bytes and
     then deleted; an existing ``final`` is replaced only with ``overwrite`` (removed before the upload:
     object stores have no atomic rename). A failed upload removes what it wrote.
     """
     if not final.remote:
-        with atomic_output(final.path, overwrite, what) as tmp:
+        with atomic_output(final.path, overwrite, what, source) as tmp:
             yield tmp
         return
     if final.exists() and not overwrite:

@@ -63,7 +63,7 @@ def export_hdf5(store: ReplayStore | str | os.PathLike[str], out: Any, *,
         raise ValueError(f"chunk_frames: expected a positive int, got {chunk_frames!r}")
     t0 = time.perf_counter()
     final = Location.of(out, storage_options)
-    with open_reader(store) as s, output(final, overwrite, "export", progress) as tmp:
+    with open_reader(store) as s, output(final, overwrite, "export", progress, source=s.path) as tmp:
         selection = select_for_export(s)
         t, order, sch = selection.table, selection.order, s.schema
         n = selection.steps

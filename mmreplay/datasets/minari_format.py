@@ -128,7 +128,8 @@ def export_minari(store: ReplayStore | str | os.PathLike[str], out: str | os.Pat
     root = Location.of(out, storage_options)
     final = root.join(dataset_id) if root.remote else Location(os.path.join(os.path.abspath(root.path), dataset_id))
     t0 = time.perf_counter()
-    with open_reader(store) as s, output(final, overwrite, "export", progress, ("data/metadata.json",)) as tmp:
+    with open_reader(store) as s, output(final, overwrite, "export", progress, ("data/metadata.json",),
+                                        source=s.path) as tmp:
         selection = select_for_export(s)
         t, order, sch = selection.table, selection.order, s.schema
         os.makedirs(os.path.join(tmp, "data"))

@@ -196,13 +196,14 @@ class _Column:
 
 
 @contextlib.contextmanager
-def _target(final: Location, overwrite: bool, progress: ProgressArg) -> Iterator[tuple[str, Location]]:
+def _target(final: Location, overwrite: bool, progress: ProgressArg, source: str) -> Iterator[tuple[str, Location]]:
     """(local directory for zarr's metadata, where the shards go). Local ``final``: both are its temporary
-    sibling, renamed into place at the end. Remote ``final``: shards are written straight to it, one object
-    each, as they are encoded; the metadata (a few KB of ``zarr.json``) is built locally and uploaded last,
-    the root group's ``zarr.json`` at the very end, so a reader that finds it finds a complete dataset."""
+    sibling, renamed into place at the end (kept apart from the store ``source`` being exported). Remote
+    ``final``: shards are written straight to it, one object each, as they are encoded; the metadata (a few
+    KB of ``zarr.json``) is built locally and uploaded last, the root group's ``zarr.json`` at the very end,
+    so a reader that finds it finds a complete dataset."""
     if not final.remote:
-        with atomic_output(final.path, overwrite, "export") as tmp:
+        with atomic_output(final.path, overwrite, "export", source) as tmp:
             yield tmp, Location(tmp)
         return
     if final.exists():
@@ -238,7 +239,8 @@ def export_zarr(store: ReplayStore | str | os.PathLike[str], out: Any, *,
             raise ValueError(f"{key}: expected a positive int, got {size!r}")
     t0 = time.perf_counter()
     final = Location.of(out, storage_options)
-    with open_reader(store) as s, _target(final, overwrite, progress) as (tmp, data), contextlib.ExitStack() as stack:
+    with (open_reader(store) as s, _target(final, overwrite, progress, s.path) as (tmp, data),
+          contextlib.ExitStack() as stack):
         selection = select_for_export(s)
         t, order = selection.table, selection.order
         sch = s.schema
