@@ -262,9 +262,14 @@ def sequence_args(batch_size: Any, length: Any, strict: Any, state_bytes: int, s
     b = batch_size_arg(batch_size)
     n = length_arg(length)
     sequences_fit(b, n, state_bytes, step_bytes)
-    if not isinstance(strict, (bool, np.bool_)):
-        raise TypeError(f"strict: expected True or False, got {strict!r}")
-    return b, n, bool(strict)
+    return b, n, flag_arg("strict", strict)
+
+
+def flag_arg(name: str, value: Any) -> bool:
+    """A bool argument (a truthy string such as ``"False"`` is refused, not taken as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected True or False, got {value!r}")
+    return bool(value)
 
 
 def prefetch_arg(prefetch: Any) -> int:

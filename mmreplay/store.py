@@ -816,9 +816,7 @@ class ReplayStore:
         """
         self._check_open()
         b = _inputs.batch_size_arg(batch_size, self._inputs.row_bytes)
-        for name, value in (("shuffle", shuffle), ("drop_last", drop_last)):
-            if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{name}: expected True or False, got {value!r}")
+        shuffle, drop_last = _inputs.flag_arg("shuffle", shuffle), _inputs.flag_arg("drop_last", drop_last)
         self._update_validity()
         ids = self._index.valid_ids()
         if shuffle:
