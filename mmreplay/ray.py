@@ -87,18 +87,15 @@ class _Replay:
         An op that raises ends its stream's episode there: the stream is marked broken, and its extend ops
         (here and in later calls) are refused until a reset op of that stream starts its next episode.
         The other ops are applied (a later episode is stored whole); then the first error is raised."""
-        s = self.store
         first: Exception | None = None
         for op in ops:
             env = op[1]
             try:
                 if op[0] == "reset":
-                    s.reset(op[2], env=env)
-                    self._broken.pop(env, None)
+                    self.reset(op[2], env=env)
                 else:
-                    self._check_stream(env)
                     _, _, act, rew, nxt, term, trunc, missing, extras = op
-                    s.extend(act, rew, nxt, term, trunc, env=env, final_missing=missing, **extras)
+                    self.extend(act, rew, nxt, term, trunc, env=env, final_missing=missing, **extras)
             except Exception as exc:  # noqa: BLE001 - raised below, once the other ops are applied
                 # the store's reset and extend write nothing when they raise: the steps applied before stay
                 # a consistent episode, which the stream's next reset ends as truncated
@@ -106,7 +103,7 @@ class _Replay:
                 first = first or exc
         if first is not None:
             raise first
-        return s.id_range[1]
+        return self.store.id_range[1]
 
     def stream_broken(self, env: int) -> str | None:
         """Why env stream ``env``'s extend ops are refused until its next reset, or None if they are not."""
