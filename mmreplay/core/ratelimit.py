@@ -9,7 +9,9 @@ eight little-endian int64 that every process of the store maps:
     3 size            the writer's len(store), published as it changes                  writer only
     4 writer_pid      the process that has the store open for writing (0: none)         writer only
     5 check           sampled_total ^ sampled_base ^ CHECK_KEY                          with them, under the lock
-    7 tag             CHECK_TAG: slot 5 is kept (files of older versions hold 0 there)   writer, under the lock
+    6 previous_total  sampled_total before its last change (see _set_sampled)         with them, under the lock
+    7 tag             CHECK_TAG: slot 5 is kept (files of older versions hold 0 there);  the lock holder
+                      CHANGING_TAG while the writer changes slots 1-2 (see _set_sampled)
 
 Damage: whoever holds the lock checks slot 5 before using the sampled counts, and the writer compares
 ``inserted`` and ``size`` with its own, so a flipped bit is refused (``CorruptStoreError``) or repaired
@@ -68,6 +70,7 @@ SLOTS = 8
 INSERTED, SAMPLED_TOTAL, SAMPLED_BASE, SIZE, WRITER_PID, CHECK, PREVIOUS_TOTAL, TAG = range(8)
 CHECK_KEY = 0x6D6D72706C617931  # "mmrplay1": a check of all zeros is never right
 CHECK_TAG = 0x434B  # "CK"
+CHANGING_TAG = 0x4348  # "CH"
 LOCK_WAIT_MIN = 1.0  # seconds: a lock is held for one draw; waiting longer means its holder is stopped
 MAX_COUNT = 2**62
 _RESTORE = ("close every process that has the store open, delete the file, and reopen the store: it is"
@@ -300,18 +303,28 @@ class RateLimiter:
                 c[INSERTED] = self._ins  # the writer's own counts: it knows them
             if self._size >= 0 and c[SIZE] != self._size:
                 c[SIZE] = self._size
-        if c[TAG] != CHECK_TAG:  # a file of an older version: keep the check from now on
+        # a file of an older version, or the writer killed changing the counts (CHANGING_TAG, see _set_sampled:
+        # they are taken as they are when in range, and a writer that opens the store sets them from its last
+        # commit): keep the check from now on
+        if c[TAG] != CHECK_TAG:
             c[CHECK], c[TAG] = _check(total, base), CHECK_TAG
 
     @staticmethod
-    def _set_sampled(c: memoryview, total: int, base: int) -> None:
-        """Change the sampled counts (under the lock), with their check. The total before goes first to its
-        own slot: a process killed before the new check is stored leaves counts that the check matches with
-        that total, and the next lock holder puts it back (``_check_counts``), where any other mismatch is
-        damage."""
+    def _set_sampled(c: memoryview, total: int, base: int, writer: bool = False) -> None:
+        """Change the sampled counts (under the lock), with their check. A sampler changes the total only: the
+        total before goes first to its own slot, so a sampler killed before the new check is stored leaves
+        counts that the check matches with that total, and the next lock holder puts it back
+        (``_check_counts``), where any other mismatch is damage. The writer (``writer``) also moves the base:
+        the tag says so first (``CHANGING_TAG``), so that one killed half-way leaves counts the next lock
+        holder takes as they are, not damage; its stores keep ``base <= total`` at every step (the total goes
+        first and never decreases)."""
         c[PREVIOUS_TOTAL] = c[SAMPLED_TOTAL]
+        if writer:
+            c[TAG] = CHANGING_TAG
         c[SAMPLED_TOTAL], c[SAMPLED_BASE] = total, base
         c[CHECK] = _check(total, base)
+        if writer:
+            c[TAG] = CHECK_TAG
 
     def _counters(self) -> memoryview:
         """The mapped counts, after checking the file still holds them (see ``_check_file``)."""
@@ -350,7 +363,7 @@ class RateLimiter:
         c = self._lock("opening the store")
         try:
             # a file older than the commit: the commit's counts
-            self._set_sampled(c, max(c[SAMPLED_TOTAL], total), total - sampled)
+            self._set_sampled(c, max(c[SAMPLED_TOTAL], total), total - sampled, writer=True)
             c[INSERTED] = inserted
             c[SIZE] = size
             c[WRITER_PID] = os.getpid()
@@ -415,7 +428,7 @@ class RateLimiter:
         """``clear()``: the counts start again from zero, as in a new store."""
         c = self._lock("clear()")
         try:
-            self._set_sampled(c, c[SAMPLED_TOTAL], c[SAMPLED_TOTAL])
+            self._set_sampled(c, c[SAMPLED_TOTAL], c[SAMPLED_TOTAL], writer=True)
             c[INSERTED] = 0
         finally:
             self._unlock()

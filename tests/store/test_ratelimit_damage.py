@@ -88,6 +88,45 @@ def test_a_sampler_killed_between_its_count_and_its_check_is_undone_not_damage(t
     assert mr.verify_store(str(tmp_path / "s")) == []
 
 
+_KILLED_CLEARING = """
+import os, signal, sys
+import numpy as np
+import mmreplay as mr
+from mmreplay.core import ratelimit
+s = mr.ReplayStore.open(sys.argv[1], mode="r+")
+s.step(0, 1.0, np.full(1, 7, np.uint8), False, False)
+check = ratelimit._check
+def killed(total, base):  # clear()'s new counts are stored, their check is not: killed there
+    if sys._getframe(1).f_code.co_name == "_set_sampled":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return check(total, base)
+ratelimit._check = killed
+s.clear()
+"""
+
+
+def test_a_writer_killed_in_clear_leaves_counts_that_open_not_damage(tmp_path):
+    s = _create(tmp_path / "s")
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")
+    r.sample(8)
+    r.close()
+    s.close()
+    child = subprocess.run([sys.executable, "-c", _KILLED_CLEARING, str(tmp_path / "s")])
+    assert child.returncode == -signal.SIGKILL
+    # whatever process comes next takes the counts as they are (no damage): a reader waits for a writer (the
+    # killed one had published its cleared store's size), a writer sets them from its last commit
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")
+    with pytest.raises(mr.RateLimitTimeout, match="len.store. is 0, below min_size"):
+        r.sample(4)
+    s = mr.ReplayStore.open(tmp_path / "s", mode="r+")
+    assert len(s) == 20 and s.inspect()["rate_limit"]["inserted"] == 20
+    assert len(r.sample(4).index) == 4
+    r.close()
+    s.commit()
+    s.close()
+    assert mr.verify_store(str(tmp_path / "s")) == []
+
+
 def test_a_flipped_inserted_count_is_the_writers_and_is_repaired(tmp_path):
     s = _create(tmp_path / "s")
     _flip(tmp_path / "s", INSERTED, 61)
