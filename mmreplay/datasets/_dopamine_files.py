@@ -96,6 +96,9 @@ class Checkpoint:
                 if key in ("reward", "terminal") and gz.row_shape:
                     raise DatasetError(f"{gz.path}: {PREFIX}{key} has shape {gz.shape}; expected one value per"
                                        f" slot, shape ({self.slots},), as Dopamine writes")
+                if key in ("reward", "terminal") and gz.dtype.kind not in "biuf":
+                    raise DatasetError(f"{gz.path}: {PREFIX}{key} holds {gz.dtype} values; expected real numbers"
+                                       " (bool, integer or float), as Dopamine writes")
                 _check_row_bytes(gz)
                 cols[key] = gz.read_all()
         end = cols["terminal"] != 0

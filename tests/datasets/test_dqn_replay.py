@@ -351,6 +351,14 @@ def test_rows_of_no_bytes_are_refused_before_anything_is_allocated_per_slot(tmp_
     _expect_failure(tmp_path, d, DatasetError, "$store$_observation_ckpt.0.gz", "rows of no bytes")
 
 
+@pytest.mark.parametrize("name", ["reward", "terminal"])
+def test_complex_rewards_or_terminals_are_refused_not_cast(tmp_path, logged, name):
+    d = _copy(logged, tmp_path)
+    arr = _reread(d, "$store$_" + name, 0)
+    _rewrite(d, "$store$_" + name, 0, arr.astype(np.complex64) + 1j)
+    _expect_failure(tmp_path, d, DatasetError, f"$store$_{name}_ckpt.0.gz", "complex64", "real numbers")
+
+
 @pytest.fixture
 def two_runs(tmp_path):
     """Two checkpoints of one run that do not overlap (adds 0..79, then 80..179)."""
