@@ -125,19 +125,24 @@ class GzNpy:
         return pos
 
     def _next_member(self) -> None:
-        """After a member's end: start the next one, or end the stream (end of file, or bytes that do not
-        start a gzip member, which are ignored as gzip readers do)."""
+        """After a member's end: start the next one, or end the stream at the end of the file. Zero bytes
+        between or after members are skipped (padding); any other bytes that do not start a gzip member are
+        damage, refused as Python's gzip refuses them."""
         # the bytes past the member are in unused_data; unconsumed_tail may hold the same bytes again
         # (a decompress limited by max_length that reached the member's end), so it is not added
-        rest = self._dz.unused_data
+        rest = self._dz.unused_data.lstrip(b"\0")
         while len(rest) < 2:  # decide on the magic only once two bytes are there, reading on if needed
             more = self._f.read(_READ)
             if not more:
                 break
-            rest += more
+            rest = (rest + more).lstrip(b"\0")
         if rest[:2] == b"\x1f\x8b":
             self._dz = zlib.decompressobj(16 + zlib.MAX_WBITS)
             self._in = rest
+        elif rest:
+            raise DatasetError(f"{self.path}: bytes after a gzip member that start no other ({self.key}:"
+                               f" {bytes(rest[:8])!r}...); expected another member or the end of the file. The"
+                               " file is damaged (Python's gzip refuses it too): copy it again from its source")
         else:
             self._in = b""
             self._eof = True

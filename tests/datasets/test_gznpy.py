@@ -53,6 +53,22 @@ def test_a_member_ending_where_a_read_of_the_file_ends(tmp_path):
     np.testing.assert_array_equal(_read(tmp_path, _stored(npy[:cut]) + _stored(npy[cut:])), arr)
 
 
+def test_bytes_after_the_last_member_are_refused_unless_zero_padding(tmp_path):
+    arr = np.arange(1000, dtype=np.int64)
+    one = gzip.compress(_npy(arr))
+    for tail in (b"\0" * 10, b"\0" * (_READ + 3)):  # padding, as Python's gzip reads it (also across reads)
+        np.testing.assert_array_equal(_read(tmp_path, one + tail), arr)
+    npy = _npy(arr)
+    two = gzip.compress(npy[:500]) + b"\0" * 7 + gzip.compress(npy[500:])
+    np.testing.assert_array_equal(np.load(io.BytesIO(gzip.decompress(two))), arr)
+    np.testing.assert_array_equal(_read(tmp_path, two), arr)
+    for tail in (b"garbage", b"\0" * 5 + b"x", b"\x1f"):
+        with pytest.raises(gzip.BadGzipFile):
+            gzip.decompress(one + tail)
+        with pytest.raises(DatasetError, match=r"bytes after a gzip member that start no other.*damaged"):
+            _read(tmp_path, one + tail)
+
+
 def test_truncated_and_longer_streams_are_still_refused(tmp_path):
     npy = _npy(np.arange(1000, dtype=np.int64))
     with pytest.raises(DatasetError, match="truncated"):
