@@ -99,8 +99,9 @@ class DrawnBatch:
 
 
 # a job's state: drawn; being copied; copied (or dropped by close); frames posted to the reader's helper
-# thread, to be finished by the caller (or drain/close), never by the prefetch thread
-_PENDING, _RUNNING, _DONE, _POSTED = 0, 1, 2, 3
+# thread, to be finished by the caller (or drain/close), never by the prefetch thread; being posted (by a
+# thread that does not hold the store's lock: nobody may claim it until its post has returned, see drain)
+_PENDING, _RUNNING, _DONE, _POSTED, _POSTING = 0, 1, 2, 3, 4
 
 
 class _Job:
@@ -149,6 +150,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._cold = False  # the last copy read from the disk
         self._posted: _Job | None = None  # the job whose frames were posted, until they are read
         self._posting = False  # the last post started a read: warm batches are read by the helpers, not the thread
+        self._draining = False  # drain() is finishing the drawn batches: no new post may start
         self._closed = False
         for d in pending or []:  # draws a committed run had made but not handed out
             self._add(d)
@@ -194,7 +196,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         prefetch thread posts the oldest unstarted batch instead of copying it (posting starts again after
         it rested). Returns whether a read started."""
         with self._lock:
-            if self._cold or self._closed or self._posted is not None:
+            if self._cold or self._closed or self._draining or self._posted is not None:
                 return False
             if caller:
                 job = self._jobs[1] if len(self._jobs) > 1 else None
@@ -202,7 +204,9 @@ class BatchIterator(Iterator[T], Generic[T]):
                 job = next((j for j in self._jobs if j.state == _PENDING), None)
             if job is None or job.state != _PENDING:
                 return False
-            job.state = _POSTED
+            # (the prefetch thread posts without the store's lock: a chunk log draining meanwhile must wait
+            # for this post to return, then finish its read, before it unmaps what the read reads)
+            job.state = _POSTING
         posted = None
         start = False
         try:
@@ -210,12 +214,12 @@ class BatchIterator(Iterator[T], Generic[T]):
         finally:
             with self._lock:
                 self._posting = posted is not None
-                if job.state == _POSTED:
-                    job.posted = posted
-                    if posted is None:
-                        job.state = _PENDING
-                    else:
-                        self._posted = job
+                job.posted = posted
+                job.state = _PENDING if posted is None else _POSTED
+                if posted is not None:
+                    self._posted = job
+                if self._waiting:
+                    self._copied.notify_all()
                 start = caller and posted is None and self._start_locked()
             if start:  # posting rests (cold data, busy cores): the thread copies while the caller is away
                 self._executor.submit(self._work)
@@ -315,6 +319,8 @@ class BatchIterator(Iterator[T], Generic[T]):
                 # data (reads to overlap) the oldest batch nobody has started
                 job = self._claim(oldest_only=not self._cold)
                 if job is None:
+                    if self._posted_now(head):  # its post (the prefetch thread's) has returned: finish it here
+                        continue
                     self._wait(head)
                     break
                 self._run(job, job is head)
@@ -343,13 +349,38 @@ class BatchIterator(Iterator[T], Generic[T]):
             return [job.draw for job in self._jobs]
 
     def drain(self) -> None:
-        """Finish every drawn batch's copy (before chunks are unmapped): the unstarted ones here."""
-        while (job := self._claim()) is not None:
-            self._run(job)
+        """Finish every drawn batch's copy (before chunks are unmapped): the unstarted ones here, and the
+        posted ones, once a post in flight (the prefetch thread's, made without the store's lock) returned;
+        no post starts meanwhile."""
         with self._lock:
-            jobs = list(self._jobs)
-        for job in jobs:
-            self._wait(job)
+            self._draining = True
+            self._await_posts_locked()
+        try:
+            while (job := self._claim()) is not None:
+                self._run(job)
+            with self._lock:
+                jobs = list(self._jobs)
+            for job in jobs:
+                self._wait(job)
+        finally:
+            with self._lock:
+                self._draining = False
+
+    def _posted_now(self, job: _Job) -> bool:
+        """Wait while ``job`` is being posted; whether it can be claimed now (posted or unstarted)."""
+        with self._lock:
+            self._waiting += 1
+            while job.state == _POSTING:
+                self._copied.wait()
+            self._waiting -= 1
+            return job.state in (_PENDING, _POSTED)
+
+    def _await_posts_locked(self) -> None:
+        """Wait (the iterator's lock held) until no job is being posted: each is then posted or unstarted."""
+        self._waiting += 1
+        while any(job.state == _POSTING for job in self._jobs):
+            self._copied.wait()
+        self._waiting -= 1
 
     def discard(self) -> None:
         """Forget the drawn batches (their rows changed under them); later ones are drawn afresh."""
@@ -379,8 +410,9 @@ class BatchIterator(Iterator[T], Generic[T]):
         self._working = False
         self._posted = None
         self._posting = False
+        self._draining = False
         for job in self._jobs:
-            if job.state in (_RUNNING, _POSTED):
+            if job.state in (_RUNNING, _POSTED, _POSTING):
                 job.state, job.posted, job.batch, job.error = _PENDING, None, None, None
 
     def close(self) -> None:
@@ -391,6 +423,7 @@ class BatchIterator(Iterator[T], Generic[T]):
         with self._lock:  # unstarted copies are dropped; running ones are waited for, posted ones finished
             self._closed = True
             self._caller_left.notify_all()
+            self._await_posts_locked()  # (no post starts once closed)
             jobs = list(self._jobs)
             posted = [job for job in jobs if job.state == _POSTED]
             for job in jobs:

@@ -236,3 +236,44 @@ def test_while_posting_starts_reads_the_prefetch_thread_leaves_a_learner_s_batch
     it.drain()
     assert sorted(rec.every) == list(range(41))  # each drawn batch copied once (the last two by drain)
     it.close()
+
+
+class SlowPoster(Poster):
+    """A Poster whose prefetch thread is stuck inside its post (descheduled) until ``post_gate`` opens, and
+    whose caller's posts are refused (posting rests: the thread posts when the caller is away)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.post_gate = threading.Event()
+        self.posting = threading.Event()  # the prefetch thread is inside post()
+
+    def post(self, d: DrawnBatch) -> tuple[str, int] | None:
+        if not threading.current_thread().name.startswith("prefetch"):
+            return None
+        self.posting.set()
+        self.post_gate.wait()
+        return super().post(d)
+
+
+@pytest.mark.parametrize("end", ["drain", "close"])
+def test_a_post_in_flight_in_the_prefetch_thread_is_finished_before_drain_or_close_returns(executor, end):
+    """The prefetch thread posts without the store's lock: a chunk log draining the iterators meanwhile (before
+    it unmaps chunks), or a close, must not take that batch and finish it while its post is still to start a
+    read of those chunks; it waits for the post, then joins the read."""
+    rec = SlowPoster()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2, post=rec.post)
+    assert int(next(it).index[0]) == 0  # its post of batch 1 refused: the thread posts while the caller is away
+    assert rec.posting.wait(60)
+    ender = threading.Thread(target=getattr(it, end), daemon=True)
+    ender.start()
+    try:
+        ender.join(0.05)
+        assert ender.is_alive()  # waiting for the post in flight
+    finally:
+        rec.post_gate.set()  # (also when the assert fails: the stuck thread would hold up the interpreter's exit)
+    ender.join(5.0)
+    assert not ender.is_alive()
+    assert rec.posted == [1] and rec.joined == [1]  # the read the post started was joined before it returned
+    if end == "drain":
+        assert [int(next(it).index[0]) for _ in range(3)] == [1, 2, 3]
+    it.close()
