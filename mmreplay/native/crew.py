@@ -69,6 +69,7 @@ FIELDS = MODE + 1 - OBS  # a task's fields: ctl[OBS:OBS + FIELDS]
 CTL_SIZE = 32
 SEQ_SHIFT, CHUNK_SHIFT, LOW = 40, 20, (1 << 20) - 1
 SEQ_WRAP = 1 << 22
+ERRORS_KEPT = 64  # errors of settled tasks kept for their joins (a task joined that long after is not)
 FUTEX_WAIT_PRIVATE, FUTEX_WAKE_PRIVATE = 128, 129
 WAIT_SECONDS = 1
 
@@ -279,6 +280,9 @@ class Crew:
         self._threads: list[threading.Thread] = []
         self._current: tuple[int, int] | None = None  # the last task posted, until joined by settle
         self._keep: Any = None
+        # errors of tasks settled by a later post, by seq: their own join finds the kernel's error slots
+        # reset for the newer task, and must still report the damage (kept for the last ERRORS_KEPT)
+        self._errors: dict[int, tuple[int, int]] = {}
         self._off = -1  # the CPU the helpers were last kept off (``_steer``); -1: none yet
 
     def _start(self) -> None:
@@ -309,6 +313,7 @@ class Crew:
             self.settle()
             self._steer()
             self._seq = (self._seq + 1) % SEQ_WRAP
+            self._errors.pop(self._seq, None)  # (a seq used again: its old task's error is not this one's)
             chunk_rows = int(fields[CHUNK_ROWS - OBS])
             chunks = -(-rows // chunk_rows)
             task = self._current = (self._seq, chunks)
@@ -345,10 +350,14 @@ class Crew:
                 pass
 
     def settle(self) -> None:
-        """Wait until the last task is read (whoever posted it)."""
+        """Wait until the last task is read (whoever posted it), keeping its error for its own ``join``."""
         current = self._current
         if current is not None:
-            join(self.ctl, *current)
+            err, slot, _ = join(self.ctl, *current)
+            if err:
+                self._errors[current[0]] = (int(err), int(slot))
+                while len(self._errors) > ERRORS_KEPT:
+                    del self._errors[next(iter(self._errors))]
             if self._current is current:
                 self._current = self._keep = None
 
@@ -356,6 +365,8 @@ class Crew:
         """Wait until task ``(seq, chunks)`` is read, reading what nobody has started; ``(error, slot, chunks
         this thread read)``."""
         err, slot, n = join(self.ctl, task[0], task[1])
+        if not err and task[0] in self._errors:  # settled by a newer post: its error was kept then
+            err, slot = self._errors[task[0]]
         # read: the next post need not settle it (looked at again under the lock: a post in another thread
         # may have replaced it, and that post's ``keep`` must stay)
         if self._current is task:

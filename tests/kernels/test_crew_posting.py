@@ -122,6 +122,32 @@ def test_a_damaged_frame_in_a_posted_read_is_reported(tmp_path):
             reader.close()
 
 
+def test_a_posted_read_s_damage_is_reported_after_another_read_went_through_the_helpers(tmp_path):
+    """A read shared with the helpers between a post and its join (a ``sample()`` between two ``next()``) settles
+    the posted read first: its error is kept for its join, not lost with the helpers' error slots."""
+    path = tmp_path / "s"
+    target, row = damaged_store(str(path))
+    with mr.ReplayStore.open(path, mode="r") as s:
+        ring = internals.log(s).ring
+        bad, good = damaged_slots(s, target, row)
+        good = good[:40].reshape(20, 2)
+        obs = good.copy()
+        obs[13, 1] = bad
+        reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+        reader.SHARE = True  # (reads shared with the helpers, as the reader chooses where that is faster)
+        reader.MIN_SHARED_BYTES = 0
+        try:
+            posted = reader.post_stacks(obs, good)
+            assert posted is not None
+            o, n = reader.stacks(good, good)  # an intact read in between, through the helpers
+            np.testing.assert_array_equal(o, _reference(s).stacks(good, good)[0])
+            for _ in range(2):
+                with pytest.raises(mr.CorruptStoreError, match=f"{target}: frame {row} is damaged"):
+                    reader.join_stacks(posted)
+        finally:
+            reader.close()
+
+
 def test_a_posted_gather_into_the_callers_array_is_the_one_thread_read_and_reports_damage(tmp_path):
     """``post_gather`` (the distinct frames of a device feed's batch, read into its host buffer): the frames of
     one thread's read; a damaged frame among them is reported at each join, and the reader goes on."""
