@@ -127,6 +127,25 @@ def hold_seals(gate: threading.Event) -> None:
     ChunkLog._seal = slow_seal  # type: ignore[method-assign]
 
 
+def killed_in_sampled_change() -> None:
+    """From now on this process dies (SIGKILL) when it changes the rate limit's sampled counts, after storing
+    the new counts and before their check (what a process killed there leaves in ``ratelimit.npy``)."""
+    import os
+    import signal
+    import sys
+
+    from mmreplay.core import ratelimit
+
+    check = ratelimit._check
+
+    def killed(total: int, base: int) -> int:
+        if sys._getframe(1).f_code.co_name == "_set_sampled":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return check(total, base)
+
+    ratelimit._check = killed  # type: ignore[assignment]
+
+
 # -- the SB3 buffer ----------------------------------------------------------------------------------
 
 

@@ -89,20 +89,17 @@ def test_a_sampler_killed_between_its_count_and_its_check_is_undone_not_damage(t
 
 
 _KILLED_CLEARING = """
-import os, signal, sys
+import sys
 import numpy as np
+sys.path.insert(0, sys.argv[2])
 import mmreplay as mr
-from mmreplay.core import ratelimit
+from tests._support import internals
 s = mr.ReplayStore.open(sys.argv[1], mode="r+")
 s.step(0, 1.0, np.full(1, 7, np.uint8), False, False)
-check = ratelimit._check
-def killed(total, base):  # clear()'s new counts are stored, their check is not: killed there
-    if sys._getframe(1).f_code.co_name == "_set_sampled":
-        os.kill(os.getpid(), signal.SIGKILL)
-    return check(total, base)
-ratelimit._check = killed
+internals.killed_in_sampled_change()
 s.clear()
 """
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_a_writer_killed_in_clear_leaves_counts_that_open_not_damage(tmp_path):
@@ -111,7 +108,7 @@ def test_a_writer_killed_in_clear_leaves_counts_that_open_not_damage(tmp_path):
     r.sample(8)
     r.close()
     s.close()
-    child = subprocess.run([sys.executable, "-c", _KILLED_CLEARING, str(tmp_path / "s")])
+    child = subprocess.run([sys.executable, "-c", _KILLED_CLEARING, str(tmp_path / "s"), ROOT])
     assert child.returncode == -signal.SIGKILL
     # whatever process comes next takes the counts as they are (no damage): a reader waits for a writer (the
     # killed one had published its cleared store's size), a writer sets them from its last commit
