@@ -38,8 +38,10 @@ from .statefiles import STATE_DIR, StateDir, checksums, load_state_file, referen
 
 T = TypeVar("T")
 
-READ_RETRIES = 5
-
+# A reader retries while each failed attempt met a newer commit, for at most this long (a writer that commits
+# and retires chunks faster than a reader maps a manifest's chunks, for all that time, is reported)
+READ_PATIENCE = 30.0  # seconds
+READ_PAUSE_MAX = 0.05  # seconds between attempts at most (doubling from 1 ms): a commit is a short write
 
 @dataclass
 class CommittedParts:
@@ -75,17 +77,29 @@ class CommittedParts:
 
 def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bool) -> T:
     """``attach(manifest)`` for the store's current manifest, retrying while a concurrent writer retires
-    chunks the manifest it read still listed (a reader only; a writer's own manifest cannot change)."""
-    for attempt in range(READ_RETRIES):
+    chunks the manifest it read still listed (a reader only; a writer's own manifest cannot change): as long
+    as each failure met a newer commit, for up to ``READ_PATIENCE`` seconds, with a growing pause between
+    attempts (a writer committing in a loop leaves gaps a reader can use)."""
+    start = time.monotonic()
+    pause = 0.001
+    first: int | None = None
+    while True:
         manifest = read_manifest(path)
         try:
             return attach(manifest)
-        except CorruptStoreError:
-            if writer or attempt == READ_RETRIES - 1 or \
-                    read_manifest(path).get("generation") == manifest.get("generation"):
+        except CorruptStoreError as exc:
+            generation = int(read_manifest(path).get("generation", 0))
+            if writer or generation == int(manifest.get("generation", 0)):
                 raise
-    raise AssertionError("unreachable")
-
+            first = int(manifest.get("generation", 0)) if first is None else first
+            if time.monotonic() - start > READ_PATIENCE:
+                raise CorruptStoreError(
+                    f"{exc}. The store may be intact: its writer committed {generation - first} times"
+                    f" (generations {first} to {generation}) in the {READ_PATIENCE:g} s this reader kept trying,"
+                    " each retiring chunks the manifest before it named, faster than this reader maps them; commit"
+                    " less often (or with a larger capacity) while readers open or refresh") from None
+        time.sleep(pause)
+        pause = min(2 * pause, READ_PAUSE_MAX)
 
 class Durability:
     """Commits, snapshots and the failure state of one open store directory."""
