@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core.episodes import EpisodeTable
 from ..errors import NotSampleableError
 from ..reading.batch import Batch
 from ..store import ReplayStore
@@ -39,6 +38,7 @@ INK = (20, 20, 20)
 MARGIN, GAP, ARROW, HEADER, LINE_H, ROW_GAP = 8, 2, 28, 34, 15, 8
 STATS_SIZE = (960, 720)
 MAX_BARS = 64
+MAX_ROWS = 64  # rows of one show picture: all go into one image, so its height grows with them
 
 
 def _pil() -> Any:
@@ -55,44 +55,33 @@ def _font(size: int = 12) -> Any:
 
 
 # -- which frames are padding ---------------------------------------------------------------------------
-def _locate(table: EpisodeTable, num_envs: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each transition id: its episode (index into ``table``), its env, and its step ``t`` in the episode
-    (-1 when the episode's first observation is no longer retained).
-
-    Ids are handed out row by row, env by env, to every frame row that is not an episode start, so
-    numbering the transition cells of the retained rows in that order and anchoring the numbers at
-    one known ``first_id`` recovers each id's row.
-    """
-    r0 = int(table.first_row.min())
-    r1 = int((table.first_row + table.length).max()) + 1
-    has = np.ones((r1 - r0, num_envs), np.bool_)
-    starts = table.start_retained
-    has[table.first_row[starts] - r0, table.stream[starts]] = False
-    cells = np.flatnonzero(has.ravel())
-    anchor = int(np.flatnonzero(table.first_id >= 0)[0])
-    anchor_cell = (int(table.first_row[anchor]) + 1 - r0) * num_envs + int(table.stream[anchor])
-    offset = int(table.first_id[anchor]) - int(np.searchsorted(cells, anchor_cell))
-    cell = cells[ids - offset]
-    row, stream = cell // num_envs + r0, cell % num_envs
-    big = r1 + 1
-    ep = np.searchsorted(table.stream * big + table.first_row, stream * big + row, side="right") - 1
-    t = np.where(table.start_retained[ep], row - table.first_row[ep] - 1, -1)
-    return ep, stream, t
-
-
 def stack_padding(store: ReplayStore, ids: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """``(obs_pad, next_pad, env, t)`` for sampleable ids: ``(B, k)`` bools marking the stack frames that lie
-    before the episode's first observation, each row's env, and its step in the episode (-1 if unknown)."""
+    before the episode's first observation, each row's env, and its step in the episode.
+
+    Env and step come from the store's own table of transitions (``to_pandas()``'s ``env`` and ``step``):
+    ids are handed out in write order, and env streams may be written at their own pace, so an id's row
+    cannot be worked out from the episodes alone. Padding follows from the step as the store pads a row.
+    """
     ids = np.asarray(ids, np.int64)
     sch = store.schema
     k, n = sch.stack, sch.n_step
-    table = store.episodes()
-    ep, env, t = _locate(table, sch.num_envs, ids)
-    m = np.minimum(n, table.length[ep] - t)
+    if ids.size == 0:
+        return np.zeros((0, k), np.bool_), np.zeros((0, k), np.bool_), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cols = store._table_columns()
+    known = cols["id"]  # in id order
+    at = np.minimum(np.searchsorted(known, ids), max(known.size - 1, 0))
+    if known.size == 0 or not np.array_equal(known[at], ids):
+        bad = ids[0] if known.size == 0 else ids[known[at] != ids][0]
+        raise ValueError(f"stack_padding: id {int(bad)} is not a retained transition of {store.path}; give"
+                         " sampleable ids (store.sampleable_ids())")
+    env, t, episode = cols["env"][at], cols["step"][at], cols["episode"]
+    last = np.full(int(episode.max()) + 1, -1, np.int64)
+    np.maximum.at(last, episode, cols["step"])  # each episode's last step written
+    m = np.minimum(n, last[episode[at]] - t + 1)  # the n-step window, cut at the episode's end
     j = np.arange(k)[None, :] - (k - 1)
-    known = (t >= 0)[:, None]
-    obs_pad = known & (t[:, None] + j < 0)
-    next_pad = known & ((t + m)[:, None] + j < 0)
+    obs_pad = t[:, None] + j < 0
+    next_pad = (t + m)[:, None] + j < 0
     return obs_pad, next_pad, env, t
 
 
@@ -279,11 +268,15 @@ def _summary(a: np.ndarray) -> str:
 
 def stats_text(s: StoreStats) -> list[str]:
     lo, hi = s.id_range
-    frac = s.sampleable / s.retained if s.retained else 0.0
+    if s.retained:
+        held = (f"{s.retained:,} retained (ids {lo}..{hi - 1}), {s.sampleable:,} sampleable ="
+                f" {s.sampleable / s.retained:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity"
+                f" {s.capacity:,}")
+    else:
+        held = f"none retained (next id {hi:,}), 0 sampleable; capacity {s.capacity:,}"
     lines = [
         f"store         {s.path}",
-        f"transitions   {s.retained:,} retained (ids {lo}..{hi - 1}), {s.sampleable:,} sampleable ="
-        f" {frac:.2%} of retained, {s.sampleable / s.capacity:.2%} of capacity {s.capacity:,}",
+        f"transitions   {held}",
         f"episodes      {s.episodes:,} with retained frames: {s.terminated:,} terminated, {s.truncated:,}"
         f" truncated, {s.open_episodes:,} open; {s.returns.size:,} complete",
         f"returns       {_summary(s.returns)}" + (f"; last 10: mean {number(s.returns[-10:].mean())}"
@@ -491,7 +484,19 @@ def _no_pillow(command: str, exc: ImportError) -> int:
     return 1
 
 
+def show_rows(text: str) -> int:
+    """argparse ``type=`` of ``--rows``: 1 to ``MAX_ROWS``."""
+    value = positive_int(text)
+    if value > MAX_ROWS:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_ROWS} (every row goes into one picture), got"
+                                         f" {value}; draw more rows in several pictures (other --seed values)")
+    return value
+
+
 def cmd_show(args: argparse.Namespace) -> int:
+    if args.ids and len(args.ids) > MAX_ROWS:
+        raise ValueError(f"--ids: expected at most {MAX_ROWS} ids (every row goes into one picture), got"
+                         f" {len(args.ids)}; draw the others in further pictures")
     require_store(args.path)
     output_file("--out", args.out)
     with ReplayStore.open(args.path, mode="r") as store:  # a wrong path is reported first
@@ -564,8 +569,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                        " left alone), or the transitions given by --ids. Needs Pillow (the [image] extra).")
     s.add_argument("path", help="a store or snapshot directory")
     s.add_argument("--out", default="sample.png", help="PNG to write (default: sample.png)")
-    s.add_argument("--ids", type=int, nargs="+", help="transition ids to draw (default: --rows chosen at random)")
-    s.add_argument("--rows", type=positive_int, default=4, help="rows to draw when --ids is not given (default: 4)")
+    s.add_argument("--ids", type=int, nargs="+", help=f"transition ids to draw, at most {MAX_ROWS} (default: --rows"
+                   " chosen at random)")
+    s.add_argument("--rows", type=show_rows, default=4, help="rows to draw when --ids is not given (default: 4,"
+                   f" at most {MAX_ROWS})")
     s.add_argument("--seed", type=non_negative_int, default=0, help="seed of the rows' random choice (default: 0)")
     s.set_defaults(func=cmd_show)
     t = sub.add_parser("stats", parents=[common], help="episode returns and lengths, priorities, sampleable"

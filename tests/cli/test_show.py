@@ -57,3 +57,21 @@ def test_show_rows_follow_the_seed(tmp_path, capsys):
         main(["show", path, "--out", str(tmp_path / "x.png"), "--seed", "-1"])
     assert exit_.value.code == 2
     assert "argument --seed: expected an integer >= 0, got -1" in capsys.readouterr().err
+
+
+def test_show_refuses_more_rows_than_one_picture_holds(tmp_path, capsys):
+    from mmreplay.cli.viz import MAX_ROWS
+
+    path = _rate_limited(tmp_path / "s", 10)
+    png = tmp_path / "x.png"
+    with pytest.raises(SystemExit) as exit_:
+        main(["show", path, "--out", str(png), "--rows", str(MAX_ROWS + 1)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --rows: expected at most {MAX_ROWS}" in err and "one picture" in err
+    ids = [str(i) for i in range(MAX_ROWS + 1)]
+    assert main(["show", path, "--out", str(png), "--ids", *ids]) == 1
+    assert f"--ids: expected at most {MAX_ROWS} ids" in capsys.readouterr().err
+    assert not png.exists()
+    require("PIL")
+    assert main(["--quiet", "show", path, "--out", str(png), "--rows", str(MAX_ROWS)]) == 0, capsys.readouterr().err

@@ -65,8 +65,55 @@ def test_padding_is_located_exactly(tmp_path, num_envs, stack, evict):
     assert np.array_equal(obs_pad, (batch.obs == 0).all(axis=(2, 3)))
     assert np.array_equal(next_pad, (batch.next_obs == 0).all(axis=(2, 3)))
     assert obs_pad.any()
-    assert (s.id_range[0] > 0) == evict and ((t < 0).any() == evict)  # rows of episodes whose start was retired
+    assert (s.id_range[0] > 0) == evict and (t >= 0).all()  # steps counted from the first observation, retained or not
     assert sorted(set(env.tolist())) == list(range(num_envs))
+    s.close()
+
+
+@pytest.mark.parametrize("evict", [False, True])
+def test_rows_of_streams_written_apart_are_located_exactly(tmp_path, evict):
+    """Env streams written at their own pace (extend() blocks, reset(obs, env=i) mid-episode, batched steps
+    between): ids follow the write order, and each row's env, step and padding are those written (the env and
+    step are stored with each transition as extras; with pad='zeros' the padded frames are the all-zero ones)."""
+    rng = np.random.default_rng(5)
+    num_envs = 3
+    kw = dict(capacity=300, chunk_size=96) if evict else dict(capacity=10_000)
+    s = mr.ReplayStore.create(tmp_path / "s", obs_shape=(2,), obs_dtype="float32", stack=4, n_step=3,
+                              num_envs=num_envs, extras={"e": ((), "int32"), "tt": ((), "int32")}, **kw)
+    counter = iter(range(1, 10**9))  # frame values: never zero
+
+    def frames(n):
+        return np.array([[next(counter), 7] for _ in range(n)], np.float32)
+
+    t = [0] * num_envs
+    for e in range(num_envs):
+        s.reset(frames(1)[0], env=e)
+    for _ in range(400 if evict else 60):
+        e, u = int(rng.integers(num_envs)), rng.random()
+        if u < 0.15:  # env e's next episode starts mid-episode (the open one is truncated)
+            s.reset(frames(1)[0], env=e)
+            t[e] = 0
+        elif u < 0.3:  # one batched step of every env
+            s.step(np.zeros(num_envs, np.int64), np.ones(num_envs), frames(num_envs), np.zeros(num_envs, bool),
+                   np.zeros(num_envs, bool), e=np.arange(num_envs, dtype=np.int32), tt=np.array(t, np.int32))
+            t = [x + 1 for x in t]
+        else:  # a block of env e's steps, ending its episode or not
+            n, end = int(rng.integers(1, 12)), rng.random() < 0.3
+            done = np.zeros(n, bool)
+            done[-1] = end
+            s.extend(np.zeros(n, np.int64), np.ones(n), frames(n), done & (u < 0.6), done & (u >= 0.6), env=e,
+                     e=np.full(n, e, np.int32), tt=np.arange(t[e], t[e] + n, dtype=np.int32))
+            t[e] += n
+            if end:
+                s.reset(frames(1)[0], env=e)
+                t[e] = 0
+    ids = s.sampleable_ids()
+    b = s.gather(ids)
+    obs_pad, next_pad, env, step = viz.stack_padding(s, ids)
+    assert np.array_equal(env, b.extras["e"]) and np.array_equal(step, b.extras["tt"])
+    assert np.array_equal(obs_pad, (b.obs == 0).all(axis=2))
+    assert np.array_equal(next_pad, (b.next_obs == 0).all(axis=2))
+    assert obs_pad.any() and next_pad.any() and (s.id_range[0] > 0) == evict
     s.close()
 
 
@@ -238,3 +285,10 @@ def test_running_mean_line_is_drawn_only_with_enough_episodes(pil, monkeypatch):
                         lambda self, xy, s, *a, **k: (drawn.append(str(s)), text(self, xy, s, *a, **k))[1])
     viz.stats_image(_stats(np.array([1.0, 2.0, 3.0]), np.array([10, 20, 30])))
     assert "each episode (return)" in drawn and not any(s.startswith("running mean") for s in drawn)
+
+
+def test_stats_of_an_empty_store_says_none_retained(tmp_path, capsys):
+    mr.ReplayStore.create(tmp_path / "e", capacity=100, obs_shape=(2,)).close()
+    assert main(["stats", str(tmp_path / "e")]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("transitions"))
+    assert "none retained (next id 0), 0 sampleable" in line and "..-1" not in line
