@@ -31,6 +31,7 @@ from .main import out, positive_int, progress
 
 ENVS = ("auto", "atari", "cartpole", "synthetic")
 MIN_STEPS = 100  # enough for sample(32) of 3-step transitions
+OUTPUTS = ("store", "snapshot", "resumed", "dataset.zarr", "sample.png", "stats.png")  # what it writes in PATH
 ENV_LINES = {
     "atari": "ALE/Pong-v5 through ale-py (the [atari] extra)",
     "cartpole": "CartPole-v1 through Gymnasium (the [gym] extra; pip install 'mmreplay[atari]' adds Atari)",
@@ -112,11 +113,24 @@ def _same(a: Any, b: Any) -> bool:
     return all(np.array_equal(getattr(a, f), getattr(b, f)) for f in ("index", "obs", "next_obs", "reward"))
 
 
+def check_path(path: str) -> None:
+    """Refuse a PATH the demo cannot write its files into, before anything is recorded: a file, or a
+    directory that already holds a demo's files (the demo creates each anew and never overwrites one)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise ValueError(f"path {path}: not a directory; give a new or empty directory for the demo's files")
+    held = [name for name in OUTPUTS if os.path.lexists(os.path.join(path, name))]
+    if held:
+        raise ValueError(f"path {path}: already holds the files of a demo ({', '.join(held)}); give a new or empty"
+                         f" directory, or remove this one first (rm -r {path})")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     kind = pick_env(args.env)
     if args.steps < MIN_STEPS:
         raise ValueError(f"--steps: expected at least {MIN_STEPS} (the demo samples batches of 32 3-step"
                          f" transitions), got {args.steps}")
+    if args.path is not None:
+        check_path(args.path)
     pictures = _have("PIL")
     temporary = args.path is None
     root = tempfile.mkdtemp(prefix="mmreplay-demo-") if temporary else args.path
@@ -143,8 +157,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _story(kind: str, root: str, pictures: bool, keep: bool, args: argparse.Namespace) -> None:
-    paths = {name: os.path.join(root, name) for name in ("store", "snapshot", "resumed", "dataset.zarr",
-                                                         "sample.png", "stats.png")}
+    paths = {name: os.path.join(root, name) for name in OUTPUTS}
     # 1. record
     t0 = time.perf_counter()
     if kind == "synthetic":
@@ -214,8 +227,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                        " each step shows. The env is an Atari game with the [atari] extra, CartPole with [gym],"
                        " generated Atari-like episodes with neither; pictures need Pillow (the [image] extra)."
                        " Without PATH the files go to a temporary directory that is removed at the end.")
-    d.add_argument("path", nargs="?", help="directory for the demo's files, kept afterwards (default: a new"
-                   " temporary directory, removed at the end)")
+    d.add_argument("path", nargs="?", help="directory for the demo's files, kept afterwards: a new or empty one"
+                   " (default: a new temporary directory, removed at the end)")
     d.add_argument("--keep", action="store_true", help="keep the temporary directory (its path is printed)")
     d.add_argument("--env", choices=ENVS, default="auto", help="auto: Atari with ale-py, CartPole with"
                    " gymnasium, else generated episodes")

@@ -115,3 +115,24 @@ def test_demo_refuses_too_few_steps(tmp_path, capsys, monkeypatch):
     assert main(["--quiet", "demo", "--steps", "10"]) == 1
     assert "--steps: expected at least 100" in capsys.readouterr().err
     assert _temp_dirs(tmp_path) == []
+
+
+def test_demo_refuses_a_path_that_holds_a_demo_before_recording(tmp_path, capsys):
+    """A second run into the same PATH is refused in command-line terms, naming path and what to give, and
+    leaves the first run's files as they were; so is a file."""
+    import numpy as np
+
+    import mmreplay as mr
+
+    with mr.ReplayStore.create(tmp_path / "d" / "store", capacity=100, obs_shape=(2,)) as s:  # a first run's store
+        s.reset(np.zeros(2, np.uint8))
+    code, cap = run(tmp_path, capsys, "--env", "synthetic", "--steps", "100")
+    assert code == 1 and "1. recorded" not in cap.out
+    err = cap.err.strip()
+    assert f"path {tmp_path / 'd'}: already holds the files of a demo (store)" in err
+    assert "give a new or empty directory" in err and f"rm -r {tmp_path / 'd'}" in err
+    assert "ReplayStore" not in err and "create()" not in err
+    assert sorted(os.listdir(tmp_path / "d")) == ["store"]
+    (tmp_path / "f").write_text("")
+    assert main(["--quiet", "demo", str(tmp_path / "f"), "--env", "synthetic", "--steps", "100"]) == 1
+    assert f"path {tmp_path / 'f'}: not a directory" in capsys.readouterr().err
