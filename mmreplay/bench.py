@@ -175,7 +175,21 @@ def reference_workload(capacity: int, path: str | None = None, prioritized: Prio
             shutil.rmtree(where, ignore_errors=True)
 
 
+def scratch_dir(path: str) -> None:
+    """Refuse a ``mmreplay bench --path`` that is not a directory and cannot be made one (it, or the nearest
+    of its parents that exists, is a file), before any work is done."""
+    there = os.path.abspath(path)
+    while not os.path.lexists(there):
+        there = os.path.dirname(there)
+    if not os.path.isdir(there):
+        what = "is not a directory" if there == os.path.abspath(path) else f"cannot be made: {there} is not a directory"
+        raise ValueError(f"--path {path}: {what}; give a directory for the benchmark's scratch files (made if"
+                         " missing), or leave --path out to use a temporary one")
+
+
 def quick_bench(capacity: int, path: str | None, quiet: bool = False) -> Iterator[str]:
+    if path is not None:
+        scratch_dir(path)
     r = reference_workload(capacity, path, quiet=quiet)
     yield f"reference workload at capacity {capacity:,} (84x84 uint8, stack 4, n-step 3, batch 32)"
     yield f"  append          {r['append_per_s']:,.0f} transitions/s"

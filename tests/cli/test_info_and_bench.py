@@ -80,3 +80,13 @@ def test_bench_never_touches_an_existing_store_at_path(tmp_path, capsys):
     assert f"{tmp_path / 'store'} already exists" in err and "--path" in err
     with mr.ReplayStore.open(tmp_path / "store", mode="r") as back:
         assert back.id_range == (0, 20)
+
+
+def test_bench_names_a_path_that_is_not_a_directory(tmp_path, capsys):
+    (tmp_path / "f").write_text("")
+    for given in (tmp_path / "f", tmp_path / "f" / "sub"):
+        assert main(["--quiet", "bench", "--path", str(given), "--capacity", "10000"]) == 1
+        err = capsys.readouterr().err
+        assert f"--path {given}: " in err and "give a directory for the benchmark's scratch files" in err
+        assert "Not a directory" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
