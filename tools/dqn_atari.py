@@ -5,7 +5,8 @@
 
 Run the same command again after the process was killed and it resumes from its last checkpoint
 (``--checkpoint-every`` steps): the replay snapshot plus the model checkpoint it names. Raise
-``--steps`` to train longer (Pong needs a few million steps and a GPU to win).
+``--steps`` to train longer (Pong needs a few million steps and a GPU to win). A run resumes only with
+the ``--env-id`` it was started with; ``--fresh`` starts it over.
 
 What the store does here:
 - ``RecordToStore`` records every env step: one 84x84 frame per step, stored once;
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 import mmreplay as mr
+from mmreplay.cli.main import positive_int
 from mmreplay.gym import RecordToStore, make_atari
 
 
@@ -47,15 +49,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--env-id", default="ALE/Pong-v5")
     p.add_argument("--steps", type=int, default=2000, help="total env steps (agent steps, 4 frames each)")
     p.add_argument("--replay-dir", required=True, help="store, snapshot and model checkpoints go here")
-    p.add_argument("--capacity", type=int, default=10_000, help="replay capacity in transitions")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--n-step", type=int, default=3)
+    p.add_argument("--capacity", type=positive_int, default=10_000, help="replay capacity in transitions")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--n-step", type=positive_int, default=3)
     p.add_argument("--gamma", type=float, default=0.99)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--learning-starts", type=int, default=500, help="env steps before the first update")
-    p.add_argument("--train-every", type=int, default=4, help="env steps per gradient update")
-    p.add_argument("--target-every", type=int, default=1000, help="env steps between target-network copies")
-    p.add_argument("--checkpoint-every", type=int, default=500, help="env steps between checkpoints")
+    p.add_argument("--train-every", type=positive_int, default=4, help="env steps per gradient update")
+    p.add_argument("--target-every", type=positive_int, default=1000, help="env steps between target-network copies")
+    p.add_argument("--checkpoint-every", type=positive_int, default=500, help="env steps between checkpoints")
     p.add_argument("--eps-start", type=float, default=1.0)
     p.add_argument("--eps-end", type=float, default=0.05)
     p.add_argument("--eps-steps", type=int, default=100_000, help="env steps over which epsilon decays")
@@ -140,6 +142,12 @@ class Run:
         t0 = time.perf_counter()
         store = mr.ReplayStore.load(self.snapshot_dir, self.store_dir)
         info = store.metadata["dqn"]
+        recorded = info.get("env_id", store.metadata.get("env_id"))
+        if recorded != self.args.env_id:  # its network and replay belong to another game
+            store.close(commit=False)
+            raise SystemExit(f"--env-id {self.args.env_id}: {self.args.replay_dir} holds a run of {recorded};"
+                             f" resume it with --env-id {recorded}, or start a new run with --fresh (which"
+                             " discards that one) or with another --replay-dir")
         ckpt = torch.load(os.path.join(self.args.replay_dir, info["model"]), map_location=self.device,
                           weights_only=False)
         self.restore(ckpt)
