@@ -11,6 +11,7 @@ boundary; it holds no rules of its own.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import threading
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
 import numpy as np
+from numba.core.compiler_lock import global_compiler_lock as _compiling
 
 from . import _inputs
 from .core.drawing import DrawState
@@ -1067,12 +1069,7 @@ class ReplayStore:
         self._reader.forked()
         self._parts.log.forked()
         if self._mode == "r+":
-            if self._resources.lock_fd is not None:
-                try:
-                    os.close(self._resources.lock_fd)
-                except OSError:
-                    pass
-                self._resources.lock_fd = None
+            self._resources.lock_fd = None  # (closed already: ``storage/lock.py`` closes every lock's copy)
             self._durable.failed = ReadOnlyStoreError(
                 f"the store {self._path} was opened for writing in the parent process, which goes on writing it:"
                 " this forked child may sample from it but not write, commit or save; open the store in the"
@@ -1120,24 +1117,37 @@ class ReplayStore:
 
 _LIVE: weakref.WeakSet[ReplayStore] = weakref.WeakSet()  # every store object not yet garbage (fork handling)
 FORK_WAIT = 5.0  # seconds a fork waits for another thread's call on a store to end
+_FORKING = threading.Lock()  # held from before a fork to after it: forks of two threads take turns
 _HELD_AT_FORK: list[ReplayStore] = []  # stores whose lock the forking thread took
+_TAKEN_AT_FORK = contextlib.ExitStack()  # releases, last taken first, what the forking thread took
 
 
 def _before_fork() -> None:
     """Take every open store's lock, so that the child inherits each store between two calls, never half-way
     through one in another thread (an index half-updated, a chunk half-retired). A call that does not end
     within ``FORK_WAIT`` seconds (a rate-limited sample waiting for the writer) is not waited for further:
-    the child then cannot use that store (``_forked``)."""
-    _HELD_AT_FORK.clear()
+    the child then cannot use that store (``_forked``).
+
+    Then numba's compile lock: a fork while another thread compiles (or loads from the cache) a kernel would
+    leave the child's lock held by a thread the child does not have, and its first kernel call would wait
+    for ever. It comes after the stores' locks because a store call loads its kernels holding its store's
+    lock: a fork holding the compile lock would wait for that call, and the call for the fork.
+
+    First ``_FORKING``: the list of what was taken is one for the process, so a fork in another thread
+    waits for this one to end."""
+    _FORKING.acquire()
+    _TAKEN_AT_FORK.callback(_FORKING.release)
     for store in list(_LIVE):
         if not store._closed and store._lock.acquire(timeout=FORK_WAIT):
+            _TAKEN_AT_FORK.callback(store._lock.release)
             _HELD_AT_FORK.append(store)
+    _compiling.acquire()
+    _TAKEN_AT_FORK.callback(_compiling.release)
 
 
 def _after_fork_in_parent() -> None:
-    for store in _HELD_AT_FORK:
-        store._lock.release()
     _HELD_AT_FORK.clear()
+    _TAKEN_AT_FORK.close()
 
 
 def _frames_arg(frames: Any, frame_buffer: Any, transform: Any) -> bool:
@@ -1160,6 +1170,7 @@ def _then(assemble: Callable[..., Any], transform: Callable[[Any], Any]) -> Call
 def _after_fork_in_child() -> None:
     held = {id(store) for store in _HELD_AT_FORK}
     _HELD_AT_FORK.clear()
+    _TAKEN_AT_FORK.close()  # (each store then gets a lock of its own: ``_forked``)
     for store in list(_LIVE):
         if not store._closed:
             store._forked(id(store) in held)

@@ -405,13 +405,6 @@ def _exiting() -> None:
 
 
 if hasattr(os, "register_at_fork"):
+    # (numba's compile lock around a fork is taken by store.py's at-fork hook, after the stores' locks)
     os.register_at_fork(after_in_child=_forked)
-    # numba compiles (or loads from its cache) under one process-wide lock. A fork while another thread
-    # holds it (a prefetch or helper thread calling a kernel for the first time) would leave the child's
-    # lock held by a thread the child does not have: its first kernel call would wait forever. The forking
-    # thread takes the lock first, so no other thread holds it at the fork.
-    from numba.core.compiler_lock import global_compiler_lock as _compiling
-
-    os.register_at_fork(before=_compiling.acquire, after_in_parent=_compiling.release,
-                        after_in_child=_compiling.release)
 atexit.register(_exiting)  # helpers leave their kernel before the interpreter tears down

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ import pytest
 import mmreplay as mr
 from tests._support import internals
 from tests._support.compression import atari_frames
-from tests._support.helpers import require
+from tests._support.helpers import require, wait_until
 from tests._support.isolated import run_scenario
 
 FIELDS = ("obs", "next_obs", "action", "reward", "discount", "terminated", "truncated", "index", "weight")
@@ -38,6 +39,42 @@ def _fill(path: str, compression: str | None, steps: int = 1500) -> mr.ReplaySto
         if t % 200 == 199:
             s.reset(frames[(t + 1) % len(frames)])
     return s
+
+
+def _small(path: str) -> mr.ReplayStore:
+    """A writable store of small synthetic frames (for scenarios about locks, not rows)."""
+    s = mr.ReplayStore.create(path, capacity=500, obs_shape=(8, 8), chunk_size=64)
+    s.reset(np.zeros((8, 8), np.uint8))
+    for t in range(300):
+        s.step(0, 1.0, np.full((8, 8), t % 200, np.uint8), False, False)
+    return s
+
+
+def _in_before_fork(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside the store's at-fork ``before`` hook (taking the locks a fork takes)."""
+    from mmreplay import store as store_module
+
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code is store_module._before_fork.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _child_samples(*stores: mr.ReplayStore) -> None:
+    """In a forked child: sample from each inherited store, then exit (status 0 when it could)."""
+    code = 1
+    try:
+        for store in stores:
+            assert len(store.sample(8)) == 8
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def _wait_child(pid: int, seconds: float = 60) -> int:
@@ -267,3 +304,153 @@ def test_fork_while_another_thread_is_inside_a_call(tmp_path):
     atari_frames("pong")
     out = run_scenario("tests.store.test_fork", "fork_while_another_thread_holds_the_store", str(tmp_path / "s"))
     assert "child refused" in out
+
+
+def fork_while_a_call_loads_a_kernel(path: str) -> None:
+    """A fork while another thread is inside a call on the store that needs numba's compile lock (its first
+    batch loads kernels): the fork waits for the store's lock first and takes the compile lock after it, so
+    the call ends, the fork goes on, and the child samples. Taking the compile lock first, the fork and the
+    call waited on each other until ``FORK_WAIT`` ran out, and the child's store was closed."""
+    from numba.core.compiler_lock import global_compiler_lock
+
+    store = _small(path)
+    forker = threading.current_thread()
+    inside = threading.Event()
+
+    def loads_a_kernel() -> None:
+        with internals.lock(store):
+            inside.set()
+            wait_until(lambda: _in_before_fork(forker), "the fork to start")
+            with global_compiler_lock:  # (as a kernel's first call does)
+                pass
+
+    t = threading.Thread(target=loads_a_kernel)
+    t.start()
+    inside.wait(60)
+    pid = os.fork()
+    if pid == 0:
+        _child_samples(store)
+    t.join()
+    assert _wait_child(pid) == 0
+    store.close()
+    print("child sampled")
+
+
+def test_fork_while_another_thread_loads_a_kernel_in_a_call(tmp_path):
+    out = run_scenario("tests.store.test_fork", "fork_while_a_call_loads_a_kernel", str(tmp_path / "s"),
+                       env={"MMREPLAY_WARMUP": "0"})
+    assert "child sampled" in out
+
+
+def two_threads_fork_at_once(path: str) -> None:
+    """A thread forks while another is between its fork's hooks, holding the locks of two stores: the forks take
+    turns, each releases the stores' locks after its own fork, and both children sample. (With one list of
+    the locks taken for the whole process, the second fork emptied the first's, whose lock then stayed held.)"""
+    from mmreplay import store as store_module
+
+    store_module.FORK_WAIT = 0.5  # type: ignore[attr-defined]
+    stores = [_small(path + ".a"), _small(path + ".b")]
+    locks = [internals.lock(store) for store in stores]
+    second_tries = threading.Event()
+    pids: list[int] = []
+
+    def forks() -> None:
+        pid = os.fork()
+        if pid == 0:
+            _child_samples(*stores)
+        pids.append(pid)
+
+    first, second = threading.Thread(target=forks, name="first"), threading.Thread(target=forks, name="second")
+    taken_by_first: list[Watched] = []
+
+    class Watched:
+        """A store's lock; once the first fork has taken both, the second thread forks."""
+
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            me = threading.current_thread()
+            if me is second:
+                second_tries.set()
+            got = bool(self.lock.acquire(blocking, timeout))
+            if got and me is first:  # in its fork's hook
+                taken_by_first.append(self)
+                if len(taken_by_first) == len(stores):
+                    second.start()
+                    second_tries.wait(1)  # (when forks take turns it waits for this one, and does not try)
+            return got
+
+        def release(self) -> None:
+            self.lock.release()
+
+        def __enter__(self) -> bool:
+            return self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    for store, lock in zip(stores, locks, strict=True):
+        store._lock = Watched(lock)  # type: ignore[assignment]
+    first.start()
+    first.join()
+    second.join()
+    for lock in locks:
+        assert lock.acquire(blocking=False), "a store's lock is still held by a thread that forked"
+        lock.release()
+    for pid in pids:
+        assert _wait_child(pid) == 0
+    for store in stores:
+        store.close()
+    print("both children sampled")
+
+
+def test_two_threads_fork_at_once(tmp_path):
+    # without numba's compiler (whose lock a fork also takes) nothing but the store's own rule orders the forks
+    out = run_scenario("tests.store.test_fork", "two_threads_fork_at_once", str(tmp_path / "s"),
+                       env={"NUMBA_DISABLE_JIT": "1"})
+    assert "both children sampled" in out
+
+
+def fork_while_another_thread_opens(path: str) -> None:
+    """A fork while another thread is inside ``ReplayStore.open`` for writing, the writer lock taken and the
+    store not yet built: the child closes its copy of the lock's descriptor, so once the parent closed the
+    store it opens it for writing again while the child still lives."""
+    from mmreplay import store as store_module
+
+    _small(path).close()
+    locked, forked = threading.Event(), threading.Event()
+    read_consistent = store_module.read_consistent
+
+    def held_up(*args: object, **kwargs: object) -> object:  # (open() calls it once it took the lock)
+        locked.set()
+        forked.wait(60)
+        return read_consistent(*args, **kwargs)
+
+    store_module.read_consistent = held_up  # type: ignore[attr-defined]
+    opened: list[mr.ReplayStore] = []
+    t = threading.Thread(target=lambda: opened.append(mr.ReplayStore.open(path)))
+    t.start()
+    locked.wait(60)
+    alive, ended = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(ended)
+        os.read(alive, 1)  # lives on until the parent closes its end
+        os._exit(0)
+    os.close(alive)
+    forked.set()
+    t.join()
+    store_module.read_consistent = read_consistent  # type: ignore[attr-defined]
+    opened[0].close()
+    try:
+        mr.ReplayStore.open(path).close()  # (StoreLockedError while the child held the lock)
+    finally:
+        os.close(ended)
+        assert _wait_child(pid) == 0
+    print("reopened")
+
+
+def test_fork_while_another_thread_opens_the_store_for_writing(tmp_path):
+    out = run_scenario("tests.store.test_fork", "fork_while_another_thread_opens", str(tmp_path / "s"))
+    assert "reopened" in out
