@@ -104,6 +104,25 @@ def read_ahead(store: mr.ReplayStore) -> tuple[int, bool]:
     return r._cold_batches, r._store_read_ahead_started
 
 
+def replace_lock(store: mr.ReplayStore, lock: Any) -> None:
+    """Put ``lock`` (a stand-in that watches its takers) in place of the store's own lock."""
+    store._lock = lock
+
+
+def in_before_fork(thread: threading.Thread) -> bool:
+    """Whether ``thread`` is inside the store's at-fork ``before`` hook (taking the locks a fork takes)."""
+    import sys
+
+    from mmreplay import store as store_module
+
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code is store_module._before_fork.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
 # -- faults and slowdowns ----------------------------------------------------------------------------
 
 

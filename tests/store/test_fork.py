@@ -50,18 +50,6 @@ def _small(path: str) -> mr.ReplayStore:
     return s
 
 
-def _in_before_fork(thread: threading.Thread) -> bool:
-    """Whether ``thread`` is inside the store's at-fork ``before`` hook (taking the locks a fork takes)."""
-    from mmreplay import store as store_module
-
-    frame = sys._current_frames().get(thread.ident or 0)
-    while frame is not None:
-        if frame.f_code is store_module._before_fork.__code__:
-            return True
-        frame = frame.f_back
-    return False
-
-
 def _child_samples(*stores: mr.ReplayStore) -> None:
     """In a forked child: sample from each inherited store, then exit (status 0 when it could)."""
     code = 1
@@ -320,7 +308,7 @@ def fork_while_a_call_loads_a_kernel(path: str) -> None:
     def loads_a_kernel() -> None:
         with internals.lock(store):
             inside.set()
-            wait_until(lambda: _in_before_fork(forker), "the fork to start")
+            wait_until(lambda: internals.in_before_fork(forker), "the fork to start")
             with global_compiler_lock:  # (as a kernel's first call does)
                 pass
 
@@ -391,7 +379,7 @@ def two_threads_fork_at_once(path: str) -> None:
             self.lock.release()
 
     for store, lock in zip(stores, locks, strict=True):
-        store._lock = Watched(lock)  # type: ignore[assignment]
+        internals.replace_lock(store, Watched(lock))
     first.start()
     first.join()
     second.join()
