@@ -93,6 +93,23 @@ def _serialized(method: _F) -> _F:
     return cast(_F, locked)
 
 
+def _whole(method: _F) -> _F:
+    """A call that changes the store either completes or, interrupted half-way, leaves it unusable until
+    reopened (``ReplayStore._interrupted``); see there."""
+    name = f"{method.__name__}()"
+
+    @functools.wraps(method)
+    def whole(self: ReplayStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted(exc, name)
+            raise
+
+    return cast(_F, whole)
+
+
 class _RingEvents:
     """Forwards what the chunk log reports to the parts that care (see ``log.RingListener``), and the rate
     limit's calls to ``ReplayStore._update_validity``; holds the store weakly, so that it can be dropped unclosed."""
@@ -186,6 +203,7 @@ class ReplayStore:
         self._mode = mode
         self._closed = False
         self._closed_why = ""  # set when a forked child cannot use the store (``_forked``)
+        self._broken = ""  # set when a call that changes the store was interrupted half-way (``_interrupted``)
         self._inputs = _inputs.Inputs(schema)
         self._discounts = np.array([schema.gamma ** i for i in range(schema.n_step + 1)], np.float32)
         self._extra_names = tuple(e.name for e in schema.extras)
@@ -422,6 +440,10 @@ class ReplayStore:
             writer.reset(obs, bool(head_lost), env)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a frame") from exc
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted(exc, "reset()")
+            raise
 
     def extend(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any, env: int = 0,
                final_missing: bool = False, **extras: Any) -> int:
@@ -448,9 +470,13 @@ class ReplayStore:
                 if limit.fits(blk.length):
                     try:
                         first = writer.write_extend(s, blk, bool(final_missing))
+                        limit.inserted(blk.length)
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a block of steps") from exc
-                    limit.inserted(blk.length)
+                    except BaseException as exc:
+                        if not isinstance(exc, Exception):
+                            self._interrupted(exc, "extend()")
+                        raise
                     return first
             # a rate-limited store waits as for blk.length steps, without the lock (see step()); then checks again
             limit.inserting(blk.length)
@@ -476,9 +502,13 @@ class ReplayStore:
                 if limit.fits(n) or not writer.stored_by_next_step():  # (no wait for a step that will raise)
                     try:
                         writer.step(action, reward, next_obs, terminated, truncated, extras)
+                        limit.inserted(n)
                     except OSError as exc:
                         raise self._durable.fail(exc, "writing a transition") from exc
-                    limit.inserted(n)
+                    except BaseException as exc:  # (no cost on the way through: the hot path)
+                        if not isinstance(exc, Exception):
+                            self._interrupted(exc, "step()")
+                        raise
                     return
             # Wait for the readers' samples without the lock: another thread of this process may be the one
             # that samples (an actor thread stepping, a learner thread sampling). Then check again.
@@ -570,6 +600,7 @@ class ReplayStore:
 
     # -- invalidation ------------------------------------------------------------------------------------
     @_serialized
+    @_whole
     def invalidate(self, ids: Any) -> int:
         """Never sample, gather or start a sequence from these transitions again (at once; durable at
         the next ``commit()``). ``len(store)`` drops; episodes and exports keep them.
@@ -586,6 +617,7 @@ class ReplayStore:
         return n
 
     @_serialized
+    @_whole
     def clear(self) -> None:
         """Remove every transition stored so far (at once; durable at the next ``commit()``).
 
@@ -876,6 +908,7 @@ class ReplayStore:
 
     # -- priorities ------------------------------------------------------------------------------------
     @_serialized
+    @_whole
     def update_priorities(self, index: Any, priorities: Any) -> int:
         """Set the raw priorities ``p`` of transitions (e.g. ``batch.index`` and new |TD errors|).
 
@@ -947,6 +980,7 @@ class ReplayStore:
 
     # -- durability ------------------------------------------------------------------------------------
     @_serialized
+    @_whole
     def commit(self) -> None:
         """Make the current state the durable resume point (in place).
 
@@ -961,6 +995,7 @@ class ReplayStore:
         self._durable.commit(self._parts, json_dict(self.metadata))
 
     @_serialized
+    @_whole
     def save(self, snapshot_dir: str | os.PathLike[str], keep: int | None = None) -> str:
         """Write a consistent snapshot of the current state to ``snapshot_dir`` while training goes on.
 
@@ -1102,9 +1137,22 @@ class ReplayStore:
         obs, next_obs, values, ends = self._reader.planned_stacks(inputs, arrays["reward"], self._discounts)
         return planned_batch(obs, next_obs, values, ends, slots, arrays, ids, self._extra_names, weight)
 
+    def _interrupted(self, exc: BaseException, call: str) -> None:
+        """``call`` was interrupted half-way by ``exc``, not an ``Exception``: a signal turned into one
+        (``KeyboardInterrupt``, a SIGTERM handler's ``sys.exit()``). What the call had changed in RAM may not
+        be whole (an index row counted before its id, a checksum extended twice), and committing that would
+        damage the store: so nothing is committed any more (``close()``, leaving a ``with`` block) and every
+        call but ``close()`` refuses, saying to reopen the store, which gives the last commit, as after a
+        crash."""
+        self._broken = (
+            f"the store {self._path} was interrupted inside {call} ({type(exc).__name__}), which may have"
+            " left what it changed half-done: nothing more is committed, and the store cannot be used until"
+            " it is reopened (ReplayStore.open(path)); it reopens at its last commit, as after a crash")
+        self._durable.failed = ReadOnlyStoreError(self._broken)
+
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosedError(self._closed_why or
+        if self._closed or self._broken:
+            raise StoreClosedError(self._broken or self._closed_why or
                                    f"the store {self._path} is closed; open it again with ReplayStore.open()")
 
     def _check_writable(self) -> EpisodeWriter:
