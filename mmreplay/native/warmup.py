@@ -22,9 +22,9 @@ Rules:
   it; results never depend on who compiled. The lock is not fair, so the warm-up sleeps a moment
   between two compiles, outside it: otherwise it would take the lock back after every compile and a
   waiting first ``sample()`` would wait for the whole warm-up.
-- ``crew`` is imported before anything compiles: it makes a fork take numba's compile lock first,
-  so a fork while the warm-up compiles waits for that compile instead of leaving the child a lock held
-  by a thread it does not have.
+- A fork while the warm-up compiles waits for that compile instead of leaving the child a lock held by a
+  thread it does not have: the store's at-fork hook takes numba's compile lock (after the stores' own
+  locks; ``store._before_fork``), and only a store starts a warm-up.
 - ``MMREPLAY_WARMUP=0`` turns the background warm-up off (``mmreplay warmup`` still compiles).
 - A kernel Python calls belongs in ``KERNELS``, with every combination of argument types it is called
   with: ``tests/kernels/test_warmup.py`` fills and samples stores of every kind after ``mmreplay warmup`` and
@@ -217,7 +217,6 @@ def compile_all(each: Callable[[Compiled], None] | None = None, tags: frozenset[
                 pause: float = 0.0) -> list[Compiled]:
     """Compile every kernel of ``KERNELS`` (``tags``: only those and the variants a store with these tags
     calls); ``each`` is told of each as it is done."""
-    importlib.import_module(f"{__package__}.crew")  # its fork hook first (see the module's rules)
     done = []
     for kernel in KERNELS:
         if tags is None or kernel.needs <= tags:
