@@ -72,7 +72,7 @@ from .reading.sequence_batch import (
 )
 from .sampling import Priorities, make_sampler
 from .sampling.prioritized import check_beta
-from .storage.lock import take_lock
+from .storage.lock import release_lock, take_lock
 from .storage.manifest import read_manifest
 from .storage.ring import fault_checked
 
@@ -170,7 +170,7 @@ class _Resources:
                     error = error or exc
         finally:
             if self.lock_fd is not None:
-                os.close(self.lock_fd)
+                release_lock(self.lock_fd)
             self.log = self.reader = self.draw_state = self.limiter = None
             self.lock_fd = None
         if error is not None:
@@ -324,7 +324,7 @@ class ReplayStore:
             return read_consistent(path, attach, writer=mode == "r+")
         except BaseException:
             if lock_fd is not None:
-                os.close(lock_fd)
+                release_lock(lock_fd)
             raise
 
     @classmethod

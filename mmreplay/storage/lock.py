@@ -28,11 +28,11 @@ _CANNOT_WRITE = {
     errno.EPERM: "this process may not write there (permissions)",
 }
 
-# descriptor -> (device, inode) of the lock file it was opened on, for every descriptor take_lock opened: one
-# its store has closed since stays until the number is reused (a forked child closes a descriptor only while
-# it is still on its lock file)
+# descriptor -> (device, inode) of the lock file it was opened on, for every descriptor take_lock opened and
+# release_lock has not closed (a forked child closes a descriptor only while it is still on its lock file)
 _TAKEN: dict[int, tuple[int, int]] = {}
-_TAKING = threading.Lock()  # held from opening a descriptor to noting it, and across a fork
+_TAKING = threading.RLock()  # held from opening a descriptor to noting it, and across a fork (re-entrant: a
+# store dropped unclosed may be released by the garbage collector while this thread holds it)
 
 
 def take_lock(path: str) -> int:
@@ -50,14 +50,21 @@ def take_lock(path: str) -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        os.close(fd)
+        release_lock(fd)
         raise StoreLockedError(
             f"{path} is already open for writing by another process (or another ReplayStore in this one);"
             " close it first, or open with mode='r' to read") from None
     except BaseException:
-        os.close(fd)
+        release_lock(fd)
         raise
     return fd
+
+
+def release_lock(fd: int) -> None:
+    """Close a descriptor ``take_lock`` returned (the lock goes with it)."""
+    with _TAKING:
+        _TAKEN.pop(fd, None)
+        os.close(fd)
 
 
 def _open(path: str, lock: str) -> int:

@@ -82,8 +82,8 @@ def test_lock_is_exclusive(tmp_path, store):
         with pytest.raises(mr.StoreLockedError, match="mode='r'"):
             storage_lock.take_lock(store)
     finally:
-        os.close(fd)
-    os.close(storage_lock.take_lock(store))
+        storage_lock.release_lock(fd)
+    storage_lock.release_lock(storage_lock.take_lock(store))
 
 
 def test_open_for_writing_on_a_read_only_location(tmp_path, store, monkeypatch):
@@ -95,3 +95,19 @@ def test_open_for_writing_on_a_read_only_location(tmp_path, store, monkeypatch):
         assert len(r) > 0
 
 
+
+
+def test_a_released_lock_is_forgotten_so_that_a_fork_never_closes_its_reused_descriptor_number(tmp_path, store):
+    """Every descriptor take_lock opens is noted (a forked child closes those still on a lock file); closing a
+    writer, or failing to take the lock, forgets it: the notes do not grow with every open, and a number the
+    process reuses for another file is not taken for a lock."""
+    before = dict(storage_lock._TAKEN)
+    for _ in range(3):
+        s = mr.ReplayStore.open(store)
+        held = dict(storage_lock._TAKEN)
+        assert len(held) == len(before) + 1
+        with pytest.raises(mr.StoreLockedError):
+            mr.ReplayStore.open(store)
+        assert storage_lock._TAKEN == held
+        s.close()
+        assert storage_lock._TAKEN == before
