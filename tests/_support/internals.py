@@ -232,6 +232,16 @@ def sb3_collect_when_registering(monkeypatch: Any) -> list[int]:
     return found
 
 
+def sb3_function(name: str) -> Any:
+    """The function ``name`` of ``mmreplay.sb3`` (``"_Pending.flush_env"``), to interrupt at one of its lines."""
+    from mmreplay import sb3
+
+    found: Any = sb3
+    for part in name.split("."):
+        found = getattr(found, part)
+    return found
+
+
 def release_in_prefetch_thread(store: mr.ReplayStore) -> None:
     """Run what a store dropped unclosed runs when it is collected (its finalizer) in the store's own prefetch
     thread, as a garbage collection that starts there does; raises what it raised."""
