@@ -27,6 +27,10 @@ What it does with SB3's calls:
 - Pickling (``save_replay_buffer``) commits the store and keeps only its location and this object's
   small state; unpickling (``load_replay_buffer``) reopens that commit (a buffer of this process that
   still holds the store is closed at its last commit first: the loaded one takes the store over).
+- A signal turned into an exception (Ctrl-C's ``KeyboardInterrupt``, a SIGTERM handler's ``sys.exit()``)
+  inside ``add`` or a write of its pending adds, or inside a call of the store that leaves the store
+  refusing, leaves the buffer unusable: every call but ``close()`` (which commits nothing) refuses, saying
+  to load the last pickle (``_Handle.interrupted``).
 """
 
 from __future__ import annotations
@@ -152,6 +156,7 @@ class _Handle:
         self.added_since_pair = 0
         self.feed: Any = None  # mmreplay.torch.DeviceFeed, for a buffer on a GPU (made at the first sample)
         self.pending: _Pending | None = None  # adds not yet written to the store (set by the buffer)
+        self.broken = ""  # why the buffer cannot be used any more (``interrupted``); "" while it can
         key, ref = os.path.realpath(store.path), weakref.ref(self)
         with _OPEN_LOCK:
             _OPEN[key] = ref
@@ -161,17 +166,58 @@ class _Handle:
             self.feed.close()
             self.feed = None
 
+    def interrupted(self, call: str) -> None:
+        """``call`` was interrupted half-way by a signal turned into an exception that is not an ``Exception``
+        (Ctrl-C's ``KeyboardInterrupt``, a SIGTERM handler's ``sys.exit()``). An add is recorded in several
+        steps (the pending block and its count, each env's last stack, ``pos``) and a block is written in
+        several more (the store's calls, then forgetting it): stopped between two, the record disagrees with
+        itself or with the store, and written, committed or pickled it would store transitions that were never
+        added or pair a pickle with a store that holds other ones. So the buffer refuses everything from then
+        on but ``close()``, which commits nothing, as the store does after an interrupted call of its own."""
+        self.broken = self.broken or (
+            f"mmreplay.sb3.ReplayBuffer: {call} was interrupted half-way (Ctrl-C's KeyboardInterrupt, or a signal"
+            " handler's sys.exit()), which may have left the buffer's record of its adds out of step with its"
+            f" store {self.store.path}: the buffer cannot be used any more (add(), sample() and"
+            " save_replay_buffer refuse) and close() commits nothing. To resume, load the last"
+            " save_replay_buffer pickle together with the model checkpoint saved with it (Algorithm.load, then"
+            " model.load_replay_buffer): the store reopens at the commit that pickle made. To stop at a signal"
+            " with everything added so far, have the handler set a flag that the loop checks between steps")
+
+    def check(self) -> None:
+        """Raise if the buffer cannot be used any more (``interrupted``)."""
+        if self.broken:
+            raise StoreClosedError(self.broken)
+
+    def refused(self, exc: StoreClosedError) -> None:
+        """The store raised ``exc``. An open store raises it only when a call of its own was interrupted (it
+        refuses until reopened): the buffer is broken with it, and says so in its own terms."""
+        if not self.store.closed:
+            self.interrupted("a call of its store")
+            raise StoreClosedError(self.broken) from exc
+
     def flush(self) -> None:
         """Write the pending adds to the store (a closed one keeps none: close() wrote them or dropped them)."""
+        self.check()
         if self.pending is not None and not self.store.closed:
-            self.pending.flush(self.store)
+            try:
+                self.pending.flush(self.store)
+            except StoreClosedError as exc:
+                self.refused(exc)
+                raise
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    self.interrupted("writing its pending adds to the store (which sample(), save_replay_buffer,"
+                                     " close() and buffer.store do first)")
+                raise
 
     def close(self, commit: bool | None, warn: bool = True) -> None:
         store = self.store
         if store.closed:
             return
         self.drop_feed()
-        if commit is None:
+        if self.broken:
+            commit = False  # (nothing of it can be kept: see interrupted)
+        elif commit is None:
             commit = not self.paired and self.temp_dir is None
             if self.paired and self.added_since_pair and warn:
                 warnings.warn(f"mmreplay.sb3.ReplayBuffer: closing {store.path} at the last save_replay_buffer;"
@@ -180,9 +226,12 @@ class _Handle:
         try:
             if commit:  # (without a commit they would be dropped with the rest)
                 self.flush()
+        except StoreClosedError:
+            if not self.broken:
+                raise  # (the store was interrupted in a call of its own: it commits nothing, as it says)
         finally:
             try:
-                store.close(commit=commit)
+                store.close(commit=commit and not self.broken)
             finally:
                 key = os.path.realpath(store.path)
                 with _OPEN_LOCK:
@@ -249,18 +298,21 @@ class _Pending:
                 self.flush_env(store, i)
 
     def flush_env(self, store: ReplayStore, i: int) -> None:
-        """Write env ``i``'s pending start and block. (Dropped if the store refuses them: that is a disk error,
-        after which the store is read-only.)"""
-        c, started = self.count[i], self.started[i]
-        acts, rews, ends = self.actions[i], self.rewards[i], self.ends[i]
-        self.count[i], self.started[i] = 0, False
-        self.actions[i], self.rewards[i], self.ends[i] = [], [], []
-        if started:
-            store.reset(self.first[i], env=i if self.vector else None)
-        if c:
-            e = np.array(ends, np.uint8)
-            store.extend(np.array(acts, self.action_dtype).reshape(c, self.action_dim), np.array(rews, np.float32),
-                         self.frames[i, :c], e == _TERM, e == _TRUNC, env=i)
+        """Write env ``i``'s pending start and block, then forget them. (Forgotten also if the store refuses
+        them: that is a disk error, after which the store is read-only; interrupted, the buffer is broken, see
+        ``_Handle.interrupted``.)"""
+        c = self.count[i]
+        try:
+            if self.started[i]:
+                store.reset(self.first[i], env=i if self.vector else None)
+            if c:
+                e = np.array(self.ends[i], np.uint8)
+                store.extend(np.array(self.actions[i], self.action_dtype).reshape(c, self.action_dim),
+                             np.array(self.rewards[i], np.float32), self.frames[i, :c], e == _TERM, e == _TRUNC,
+                             env=i)
+        finally:
+            self.count[i], self.started[i] = 0, False
+            self.actions[i], self.rewards[i], self.ends[i] = [], [], []
 
 
 def _finalize(handle: _Handle) -> None:
@@ -474,25 +526,34 @@ class ReplayBuffer(_SB3ReplayBuffer):
         store, pend = handle.store, handle.pending
         if store.closed:
             raise StoreClosedError(f"add(): the buffer's store {store.path} is closed (close() was called)")
-        for i in starts:
-            pend.start(store, i, f_obs[i, -1])
-        count = pend.count
-        c = count[0]
-        if n == 1 or count.count(c) == n:  # every env's block as long: one copy of the new frames
-            pend.frames[:, c] = new
-            count[:] = [c + 1] * n
-        else:
+        handle.check()
+        try:
+            for i in starts:
+                pend.start(store, i, f_obs[i, -1])
+            count = pend.count
+            c = count[0]
+            if n == 1 or count.count(c) == n:  # every env's block as long: one copy of the new frames
+                pend.frames[:, c] = new
+                count[:] = [c + 1] * n
+            else:
+                for i in range(n):
+                    pend.frames[i, count[i]] = new[i]
+                    count[i] += 1
             for i in range(n):
-                pend.frames[i, count[i]] = new[i]
-                count[i] += 1
-        for i in range(n):
-            pend.actions[i].append(actions[i])
-            pend.rewards[i].append(rewards[i])
-            pend.ends[i].append(ends[i])
-            pend.last[i] = None if ends[i] else next_b[i]
-            if ends[i] or count[i] == pend.rows:  # a block ends where its episode does (as extend() wants)
-                pend.flush_env(store, i)
-        self._added(handle)
+                pend.actions[i].append(actions[i])
+                pend.rewards[i].append(rewards[i])
+                pend.ends[i].append(ends[i])
+                pend.last[i] = None if ends[i] else next_b[i]
+                if ends[i] or count[i] == pend.rows:  # a block ends where its episode does (as extend() wants)
+                    pend.flush_env(store, i)
+            self._added(handle)
+        except StoreClosedError as exc:
+            handle.refused(exc)
+            raise
+        except BaseException as exc:  # (no cost on the way through)
+            if not isinstance(exc, Exception):
+                handle.interrupted("add()")
+            raise
 
     def _added(self, handle: _Handle) -> None:
         """An add is kept: count it towards the next pairing, and move SB3's ``pos``/``full`` as SB3 does."""
@@ -536,19 +597,27 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if frame != len(next_b) and not next_b.startswith(obs_b[frame:]):
             return False
         store = handle.store
-        if store.closed:
+        if store.closed or handle.broken:
             return False
         assert pend is not None
-        c = pend.count[0]
-        pend.frames_mv[c * frame:(c + 1) * frame] = memoryview(next_b)[-frame:]  # the newest frame
-        pend.count[0] = c + 1
-        pend.actions[0].append(act)
-        pend.rewards[0].append(r)
-        pend.ends[0].append(0)
-        pend.last[0] = next_b
-        if c + 1 == pend.rows:
-            pend.flush_env(store, 0)
-        self._added(handle)
+        try:
+            c = pend.count[0]
+            pend.frames_mv[c * frame:(c + 1) * frame] = memoryview(next_b)[-frame:]  # the newest frame
+            pend.count[0] = c + 1
+            pend.actions[0].append(act)
+            pend.rewards[0].append(r)
+            pend.ends[0].append(0)
+            pend.last[0] = next_b
+            if c + 1 == pend.rows:
+                pend.flush_env(store, 0)
+            self._added(handle)
+        except StoreClosedError as exc:
+            handle.refused(exc)
+            raise
+        except BaseException as exc:  # (no cost on the way through: the hot path)
+            if not isinstance(exc, Exception):
+                handle.interrupted("add()")
+            raise
         return True
 
     def _frames_arg(self, value: Any, what: str) -> np.ndarray:
@@ -614,9 +683,14 @@ class ReplayBuffer(_SB3ReplayBuffer):
         through ``mmreplay.torch.DeviceFeed``: the next ones are read while the learner computes, sent to
         the device on a side stream and stacked there; the same rows as ``store.batches(batch_size)``
         (drawn two batches ahead, so a transition added meanwhile first appears a batch or two later)."""
-        if env is None and self.device.type == "cuda":
-            return self._device_samples(self._device_feed().next(batch_size))
-        return self._to_samples(self.store.sample(batch_size), env)
+        try:
+            if env is None and self.device.type == "cuda":
+                return self._device_samples(self._device_feed().next(batch_size))
+            return self._to_samples(self.store.sample(batch_size), env)
+        except StoreClosedError as exc:
+            if self._handle is not None:
+                self._handle.refused(exc)
+            raise
 
     def _device_feed(self) -> Any:
         handle = self._handle
@@ -711,7 +785,11 @@ class ReplayBuffer(_SB3ReplayBuffer):
                               " where it lives", stacklevel=2)
                 h.temp_dir = None
             h.flush()
-            h.store.commit()
+            try:
+                h.store.commit()
+            except StoreClosedError as exc:
+                h.refused(exc)
+                raise
             pend = h.pending
             assert pend is not None
             lay = self.layout
