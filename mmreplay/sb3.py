@@ -779,17 +779,17 @@ class ReplayBuffer(_SB3ReplayBuffer):
         state["_store_path"] = None
         state["_next"] = [None] * self.n_envs  # each env's last next_obs (None: the next add starts an episode)
         if h is not None:
-            if h.temp_dir is not None:
-                warnings.warn(f"mmreplay.sb3.ReplayBuffer: pickling keeps the temporary store {h.store.path}"
-                              " (the pickle refers to it); pass replay_buffer_kwargs=dict(path=...) to choose"
-                              " where it lives", stacklevel=2)
-                h.temp_dir = None
             h.flush()
             try:
                 h.store.commit()
             except StoreClosedError as exc:
                 h.refused(exc)
                 raise
+            if h.temp_dir is not None:  # (only now: a pickling that failed leaves it to be removed at close)
+                warnings.warn(f"mmreplay.sb3.ReplayBuffer: pickling keeps the temporary store {h.store.path}"
+                              " (the pickle refers to it); pass replay_buffer_kwargs=dict(path=...) to choose"
+                              " where it lives", stacklevel=2)
+                h.temp_dir = None
             pend = h.pending
             assert pend is not None
             lay = self.layout

@@ -8,9 +8,12 @@ signal that arrived there."""
 from __future__ import annotations
 
 import contextlib
+import glob
 import inspect
+import os
 import pickle
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -184,6 +187,25 @@ def test_a_store_interrupted_in_a_call_of_its_own_refuses_as_the_buffer(sb3, spa
     _refuses(sb3, buf)
     buf.close()
     _resumes(blob, 5, 10)
+
+
+def test_a_failed_pickling_keeps_the_temporary_store_to_be_removed(sb3, spaces):
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-*")))
+    buf = _buffer(sb3, spaces, None)
+    for t in range(10):
+        _add(buf, t)
+    path = buf.store.path
+    for t in range(10, 15):
+        _add(buf, t)
+    with pytest.raises(KeyboardInterrupt), interrupt_at(EpisodeWriter.write_extend, "log.finish_run("):
+        buf.sample(2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (not "pickling keeps the temporary store": it does not)
+        with pytest.raises(mr.StoreClosedError, match=REFUSED):
+            pickle.dumps(buf)
+    buf.close()
+    assert not os.path.exists(path)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-*"))) <= before
 
 
 # every line of the buffer's own bookkeeping of an add and of a block write
