@@ -415,6 +415,7 @@ class ReplayBuffer(_SB3ReplayBuffer):
         if chunk_size is None:
             frame_bytes = math.prod(self.layout.frame_shape) * self._obs_dtype.itemsize
             chunk_size = _chunk_size(c["capacity"], frame_bytes, self.n_envs)
+        store = None
         try:
             store = ReplayStore.create(
                 path, c["capacity"], obs_shape=self.layout.frame_shape, obs_dtype=self._obs_dtype,
@@ -423,12 +424,15 @@ class ReplayBuffer(_SB3ReplayBuffer):
                 seed=c["seed"], chunk_size=chunk_size, compression=c["compression"],
                 read_threads=self._read_threads, metadata={"sb3": {"buffer_size": c["capacity"],
                                                                    "n_envs": self.n_envs}})
-        except BaseException:
+            self._pad = pad
+            self._attach(_Handle(store, temp))
+        except BaseException:  # (interrupted before the buffer holds the store: nothing else would close it)
+            if store is not None:
+                self._handle = None
+                store.close(commit=False)
             if temp is not None:
                 shutil.rmtree(temp, ignore_errors=True)
             raise
-        self._pad = pad
-        self._attach(_Handle(store, temp))
 
     def _attach(self, handle: _Handle) -> None:
         handle.pending = _Pending(self.n_envs, self.layout.frame_shape, self._obs_dtype, self._action_dtype,
@@ -817,14 +821,19 @@ class ReplayBuffer(_SB3ReplayBuffer):
                 raise _stale(path, holder.store.generation, generation)  # (the live buffer goes on as it was)
             holder.close(commit=False, warn=False)
         store = ReplayStore.open(path, mode="r+", read_threads=self._read_threads)
-        if store.generation != generation:
+        try:
+            if store.generation != generation:
+                raise _stale(path, store.generation, generation)
+            handle = _Handle(store, None)
+            handle.paired = True
+            self._attach(handle)
+            assert handle.pending is not None
+            handle.pending.last = [None if obs is None else self.layout.frames(obs[None])[0].tobytes()
+                                   for obs in last]
+        except BaseException:  # (stale, or interrupted: the store must not stay open and locked, owned by nothing)
+            self._handle = None
             store.close(commit=False)
-            raise _stale(path, store.generation, generation)
-        handle = _Handle(store, None)
-        handle.paired = True
-        self._attach(handle)
-        assert handle.pending is not None
-        handle.pending.last = [None if obs is None else self.layout.frames(obs[None])[0].tobytes() for obs in last]
+            raise
 
 
 def _stale(path: str, committed: int, pickled: Any) -> ValueError:

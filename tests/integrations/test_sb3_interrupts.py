@@ -208,6 +208,36 @@ def test_a_failed_pickling_keeps_the_temporary_store_to_be_removed(sb3, spaces):
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-*"))) <= before
 
 
+@pytest.mark.parametrize("line", ["if store.generation", "handle = _Handle(store, None)", "self._attach(handle)",
+                                  "handle.pending.last ="])
+def test_an_interrupted_load_leaves_the_store_closed(sb3, spaces, tmp_path, line):
+    buf = _buffer(sb3, spaces, tmp_path / "s")
+    for t in range(6):
+        _add(buf, t)
+    blob = pickle.dumps(buf)
+    buf.close()
+    # (the interrupt's traceback is kept, as an interactive session keeps sys.last_traceback: it holds the
+    # half-loaded buffer)
+    with pytest.raises(KeyboardInterrupt) as kept, interrupt_at("ReplayBuffer.__setstate__", line):
+        pickle.loads(blob)
+    _resumes(blob, 6, 6)
+    assert kept.value is not None
+
+
+@pytest.mark.parametrize("temporary", [False, True])
+def test_an_interrupted_creation_leaves_no_store_open(sb3, spaces, tmp_path, temporary):
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-*")))
+    # (whole observations: the store is created with the buffer)
+    with pytest.raises(KeyboardInterrupt) as kept, interrupt_at("ReplayBuffer._open_new", "self._attach(_Handle("):
+        _buffer(sb3, spaces, None if temporary else tmp_path / "s")
+    if temporary:
+        assert set(glob.glob(os.path.join(tempfile.gettempdir(), "mmreplay-sb3-*"))) <= before
+    else:
+        with mr.ReplayStore.open(tmp_path / "s") as s:  # (not locked by what the interrupt left)
+            assert s.id_range == (0, 0)
+    assert kept.value is not None
+
+
 # every line of the buffer's own bookkeeping of an add and of a block write
 SWEPT = ["ReplayBuffer.add", "ReplayBuffer._add_step", "ReplayBuffer._added", "_Pending.start", "_Pending.flush",
          "_Pending.flush_env", "_Handle.flush"]
