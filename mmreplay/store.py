@@ -666,6 +666,7 @@ class ReplayStore:
         return pandas_frame(self._table_columns())
 
     def _draw(self, b: int, replace: bool, beta: float | None, plan_now: bool = False) -> DrawnBatch:
+        self._check_open()  # (an iterator's next draw: none from a store an interrupt left unusable)
         self._update_validity()
         return self._draw_state.draw(self._parts.sampler, self._index, b, replace, beta, plan_now)
 
@@ -802,6 +803,7 @@ class ReplayStore:
         return assemble_sequences(plan, self._ring.arrays, self._extra_names, self._reader, None)
 
     def _draw_sequences(self, b: int, n: int, strict: bool, beta: float | None) -> DrawnBatch:
+        self._check_open()
         self._update_validity()
         return self._draw_state.draw_sequences(self._parts.sampler, self._index, b, n, strict, beta)
 
@@ -1041,6 +1043,7 @@ class ReplayStore:
         return verify_store(self._path)
 
     @_serialized
+    @_whole
     def refresh(self) -> bool:
         """Readers (``mode="r"``): move to the writer's latest commit. Returns whether it changed.
 
@@ -1118,12 +1121,20 @@ class ReplayStore:
                 " open the store again in the child with ReplayStore.open(path, mode='r')")
 
     def _update_validity(self) -> None:
-        """Let the sampler know of transitions whose n-step window closed since the last call."""
-        new = self._index.update_validity()
-        if new.size:
-            self._parts.sampler.added(new)
-        if self._limiter is not None and self._limiter.writer:
-            self._limiter.publish_size(self._index.n_valid)
+        """Let the sampler know of transitions whose n-step window closed since the last call. (Reading calls
+        make it too: interrupted between the index and the sampler, it leaves the store unusable, as an
+        interrupted write does, see ``_interrupted``.)"""
+        try:
+            new = self._index.update_validity()
+            if new.size:
+                self._parts.sampler.added(new)
+            if self._limiter is not None and self._limiter.writer:
+                self._limiter.publish_size(self._index.n_valid)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted(exc, "an update of the sampleable transitions (made by sample(), len() and"
+                                  " other calls)")
+            raise
 
     @fault_checked
     def _assemble(self, slots: np.ndarray, ids: np.ndarray, weight: np.ndarray | None = None) -> Batch:

@@ -195,34 +195,40 @@ class BatchIterator(Iterator[T], Generic[T]):
         batch, and the caller reads what is left when it comes for it. Warm data only. Not ``caller``: the
         prefetch thread posts the oldest unstarted batch instead of copying it (posting starts again after
         it rested). Returns whether a read started."""
-        with self._lock:
-            if self._cold or self._closed or self._draining or self._posted is not None:
-                return False
-            if caller:
-                job = self._jobs[1] if len(self._jobs) > 1 else None
-            else:
-                job = next((j for j in self._jobs if j.state == _PENDING), None)
-            if job is None or job.state != _PENDING:
-                return False
-            # (the prefetch thread posts without the store's lock: a chunk log draining meanwhile must wait
-            # for this post to return, then finish its read, before it unmaps what the read reads)
-            job.state = _POSTING
+        mine: _Job | None = None
         posted = None
         start = False
         try:
+            with self._lock:
+                if self._cold or self._closed or self._draining or self._posted is not None:
+                    return False
+                if caller:
+                    job = self._jobs[1] if len(self._jobs) > 1 else None
+                else:
+                    job = next((j for j in self._jobs if j.state == _PENDING), None)
+                if job is None or job.state != _PENDING:
+                    return False
+                # The prefetch thread posts without the store's lock: a chunk log draining meanwhile must wait
+                # for this post to return, then finish its read, before it unmaps what the read reads. The
+                # caller posts holding it (inside next()), so nothing drains meanwhile, and its job may be
+                # claimed as posted at once: a signal's exception (only the main thread gets them) left there
+                # leaves a job anyone may finish, never one everybody waits for.
+                job.state = _POSTED if caller else _POSTING
+                mine = job
             posted = self._post(job.draw)  # type: ignore[misc]
         finally:
-            with self._lock:
-                self._posting = posted is not None
-                job.posted = posted
-                job.state = _PENDING if posted is None else _POSTED
-                if posted is not None:
-                    self._posted = job
-                if self._waiting:
-                    self._copied.notify_all()
-                start = caller and posted is None and self._start_locked()
-            if start:  # posting rests (cold data, busy cores): the thread copies while the caller is away
-                self._executor.submit(self._work)
+            if mine is not None:
+                with self._lock:
+                    self._posting = posted is not None
+                    mine.posted = posted
+                    mine.state = _PENDING if posted is None else _POSTED
+                    if posted is not None:
+                        self._posted = mine
+                    if self._waiting:
+                        self._copied.notify_all()
+                    start = caller and posted is None and self._start_locked()
+                if start:  # posting rests (cold data, busy cores): the thread copies while the caller is away
+                    self._executor.submit(self._work)
         return posted is not None
 
     def _joined(self) -> None:
@@ -244,8 +250,19 @@ class BatchIterator(Iterator[T], Generic[T]):
             else:
                 then = self._joined if caller and self._post is not None else None
                 job.batch = self._assemble(job.draw, job.posted, then)
-        except BaseException as exc:  # handed to the caller with this batch
+        except Exception as exc:  # handed to the caller with this batch
             job.error = exc
+        except BaseException:
+            # a signal's exception (Ctrl-C, a SIGTERM handler's sys.exit()) is the running thread's, whoever's
+            # batch this is: it goes on at once, and the batch is unstarted again (its draw is kept; a read
+            # posted for it is settled by the reader's next post or before chunks are unmapped)
+            with self._lock:
+                job.state, job.posted, job.batch = _PENDING, None, None
+                if self._posted is job:
+                    self._posted = None
+                if self._waiting:
+                    self._copied.notify_all()
+            raise
         cold = self._cold if before < 0 else _reads() - before >= self.COLD_READS
         start = False
         with self._lock:

@@ -3,10 +3,14 @@ their rows and sequences."""
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pytest
@@ -200,3 +204,34 @@ def drive_pair(pair: Pair, cfg: dict, events: list[list[int]], resets: list[bool
         if t % every == every - 1:
             check()
     check()
+
+
+@contextlib.contextmanager
+def interrupt_at(func: Callable[..., Any], line: str | None, hit: int = 1, exc: type[BaseException] = KeyboardInterrupt
+                 ) -> Iterator[None]:
+    """Raise ``exc`` in the calling thread when ``func`` reaches (the ``hit``-th time) its first line holding
+    ``line``, or returns (``line`` None)."""
+    code = func.__code__
+    target = None
+    if line is not None:
+        src, first = inspect.getsourcelines(func)
+        target = first + next(i for i, text in enumerate(src) if line in text)
+    seen = [0]
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if (event == "line" and frame.f_lineno == target) or (target is None and event == "return"):
+            seen[0] += 1
+            if seen[0] == hit:
+                sys.settrace(None)
+                raise exc
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        yield
+    finally:
+        sys.settrace(None)
+    assert seen[0] >= hit, f"{func.__qualname__} never reached {line!r}"

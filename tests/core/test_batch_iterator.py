@@ -12,7 +12,7 @@ import pytest
 
 from mmreplay.reading.batch import Batch
 from mmreplay.reading.prefetch import BatchIterator, DrawnBatch
-from tests._support.helpers import wait_until
+from tests._support.helpers import interrupt_at, wait_until
 
 
 def _batch(i: int) -> Batch:
@@ -276,4 +276,49 @@ def test_a_post_in_flight_in_the_prefetch_thread_is_finished_before_drain_or_clo
     assert rec.posted == [1] and rec.joined == [1]  # the read the post started was joined before it returned
     if end == "drain":
         assert [int(next(it).index[0]) for _ in range(3)] == [1, 2, 3]
+    it.close()
+
+
+@pytest.mark.parametrize("line", ["posted = self._post(", "start = False", "self._posting = posted is not None"])
+def test_a_signal_s_exception_in_the_caller_s_post_leaves_nothing_waiting_for_ever(executor, line):
+    """Ctrl-C in the caller's thread anywhere around its post of the next batch: the batch is unstarted again (or
+    posted), and the next ``next()``, ``drain()`` and ``close()`` go on (none waits for a post that will never
+    return)."""
+    rec = Poster()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2, post=rec.post)
+    with pytest.raises(KeyboardInterrupt), interrupt_at(BatchIterator._post_next, line):
+        next(it)  # batch 0 is copied; its post of batch 1 is interrupted
+    done = threading.Event()
+
+    def rest() -> None:
+        got.extend(int(next(it).index[0]) for _ in range(4))
+        it.drain()
+        it.close()
+        done.set()
+
+    got: list[int] = []
+    threading.Thread(target=rest, daemon=True).start()
+    assert done.wait(20), "next(), drain() or close() waits for ever"
+    assert got[0] in (0, 1) and got == list(range(got[0], got[0] + 4))
+
+
+def test_a_signal_s_exception_in_a_copy_goes_on_at_once_and_the_batch_is_copied_again(executor):
+    """A copy made by drain() (a writer retiring chunks) or by next() interrupted by a signal's exception: it is
+    raised there and then, never kept as the batch's error or dropped, and the batch is unstarted again."""
+
+    class Interrupted(Recorder):
+        armed = True
+
+        def assemble(self, d: DrawnBatch) -> Batch:
+            if self.armed and threading.current_thread() is threading.main_thread():
+                self.armed = False
+                raise SystemExit(0)
+            return super().assemble(d)
+
+    rec = Interrupted()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 0)
+    it._fill()
+    with pytest.raises(SystemExit):
+        it.drain()
+    assert [int(next(it).index[0]) for _ in range(3)] == [0, 1, 2]
     it.close()

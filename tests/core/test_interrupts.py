@@ -6,12 +6,6 @@ Python would deliver a signal that arrived there."""
 
 from __future__ import annotations
 
-import contextlib
-import inspect
-import sys
-from collections.abc import Callable, Iterator
-from typing import Any
-
 import numpy as np
 import pytest
 
@@ -20,37 +14,7 @@ from mmreplay.core.index import Index
 from mmreplay.core.log import ChunkLog
 from mmreplay.core.prefixcrc import PrefixCrc
 from mmreplay.sampling.prioritized import PrioritizedSampler
-
-
-@contextlib.contextmanager
-def interrupt_at(func: Callable[..., Any], line: str | None, hit: int = 1, exc: type[BaseException] = KeyboardInterrupt
-                 ) -> Iterator[None]:
-    """Raise ``exc`` in the calling thread when ``func`` reaches (the ``hit``-th time) its first line holding
-    ``line``, or returns (``line`` None)."""
-    code = func.__code__
-    target = None
-    if line is not None:
-        src, first = inspect.getsourcelines(func)
-        target = first + next(i for i, text in enumerate(src) if line in text)
-    seen = [0]
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if (event == "line" and frame.f_lineno == target) or (target is None and event == "return"):
-            seen[0] += 1
-            if seen[0] == hit:
-                sys.settrace(None)
-                raise exc
-        return local
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is code else None
-
-    sys.settrace(tracer)
-    try:
-        yield
-    finally:
-        sys.settrace(None)
-    assert seen[0] >= hit, f"{func.__qualname__} never reached {line!r}"
+from tests._support.helpers import interrupt_at
 
 
 def _store(path, prioritized=False, chunk_size=None):
@@ -131,3 +95,43 @@ def test_an_interrupt_between_calls_leaves_the_store_whole_and_the_with_exit_com
         with _store(tmp_path / "s"):
             raise KeyboardInterrupt  # in the user's own code (an env step), not inside a store call
     _reopens_at_the_last_commit(tmp_path / "s", 75)
+
+
+def test_an_iterator_made_before_the_interrupt_hands_out_nothing_more(tmp_path):
+    s = _store(tmp_path / "s")
+    it = s.batches(8, prefetch=2)
+    next(it)
+    with pytest.raises(KeyboardInterrupt), interrupt_at(Index.append_row, "self._next_id +="):
+        s.step(0, 1.0, np.full(4, 200, np.uint8), False, False)
+    with pytest.raises(mr.StoreClosedError, match=r"interrupted inside step\(\)"):
+        next(it)
+    s.close()
+    _reopens_at_the_last_commit(tmp_path / "s")
+
+
+def test_an_interrupted_update_of_the_sampleable_transitions_leaves_the_store_unusable(tmp_path):
+    """A reading call updates which transitions are sampleable (index first, then the sampler): interrupted in
+    between, the index counts transitions the priorities do not hold, which a commit would record."""
+    s = _store(tmp_path / "s", prioritized=True)
+    with pytest.raises(KeyboardInterrupt), interrupt_at(PrioritizedSampler.added, None):
+        s.sample(4)
+    with pytest.raises(mr.StoreClosedError, match="interrupted inside an update of the sampleable transitions"):
+        len(s.sample(4))
+    s.close()
+    _reopens_at_the_last_commit(tmp_path / "s")
+
+
+def test_a_reader_interrupted_while_refreshing_must_be_reopened(tmp_path):
+    from mmreplay.store import ReplayStore
+
+    s = _store(tmp_path / "s")
+    r = mr.ReplayStore.open(tmp_path / "s", mode="r")
+    s.commit()
+    with pytest.raises(KeyboardInterrupt), interrupt_at(ReplayStore._attach, "self._reader = FrameReader("):
+        r.refresh()
+    with pytest.raises(mr.StoreClosedError, match=r"interrupted inside refresh\(\)"):
+        r.sample(4)
+    r.close()
+    s.close()
+    with mr.ReplayStore.open(tmp_path / "s", mode="r") as r:
+        assert r.id_range == (0, 75) and len(r.sample(4).index) == 4
