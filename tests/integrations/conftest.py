@@ -1,5 +1,5 @@
-"""Fixtures of the integration tests: PyTorch and ``mmreplay.torch``, imported once per module (skipped,
-naming the extra, where PyTorch is not installed)."""
+"""Fixtures of the integration tests: PyTorch and ``mmreplay.torch``, ``mmreplay.sb3`` and Gymnasium's spaces,
+imported once per module (skipped, naming the extra, where it is not installed)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,16 @@ def accelerator(torch) -> bool:  # noqa: ANN001
     """Whether PyTorch has an accelerator to pin memory for (what ``pin_memory=True`` needs)."""
     acc = getattr(torch, "accelerator", None)
     return bool(acc.is_available()) if acc is not None else bool(torch.cuda.is_available())
+
+
+@pytest.fixture(scope="module")
+def sb3():  # noqa: ANN201
+    require("stable_baselines3")
+    import mmreplay.sb3 as sb3
+
+    return sb3
+
+
+@pytest.fixture(scope="module")
+def spaces():  # noqa: ANN201
+    return require("gymnasium").spaces

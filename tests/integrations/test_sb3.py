@@ -22,19 +22,6 @@ from tests._support.helpers import require
 GAMMA = 0.9
 
 
-@pytest.fixture(scope="module")
-def sb3():
-    require("stable_baselines3")
-    import mmreplay.sb3 as sb3
-
-    return sb3
-
-
-@pytest.fixture(scope="module")
-def spaces():
-    return require("gymnasium").spaces
-
-
 # -- streams as SB3 / CleanRL feed them -----------------------------------------------------------------
 class Segment:
     """One episode of one env: frames (T+1, ...), actions, rewards, and how it ended."""

@@ -25,22 +25,8 @@ import mmreplay as mr
 from mmreplay.core.durability import Durability
 from mmreplay.core.writer import EpisodeWriter
 from tests._support import internals
-from tests._support.helpers import require
 
 REFUSED = "load the last save_replay_buffer pickle"  # what a broken buffer says to do
-
-
-@pytest.fixture(scope="module")
-def sb3():
-    require("stable_baselines3")
-    import mmreplay.sb3 as sb3
-
-    return sb3
-
-
-@pytest.fixture(scope="module")
-def spaces():
-    return require("gymnasium").spaces
 
 
 @contextlib.contextmanager
@@ -128,15 +114,21 @@ POINTS = {
 }
 
 
+def _checkpointed(sb3, spaces, path, n_envs=1):  # noqa: ANN001, ANN202
+    """A buffer given adds 0..4, pickled then (the checkpoint, returned), then given adds 5..8."""
+    buf = _buffer(sb3, spaces, path, n_envs)
+    for t in range(5):
+        _add(buf, t)
+    blob = pickle.dumps(buf)
+    for t in range(5, 9):
+        _add(buf, t)
+    return buf, blob
+
+
 @pytest.mark.parametrize("point", list(POINTS))
 def test_an_interrupted_add_or_write_refuses_and_resumes_from_the_last_pickle(sb3, spaces, tmp_path, point):
     func, line, call, n_envs = POINTS[point]
-    buf = _buffer(sb3, spaces, tmp_path / "s", n_envs)
-    for t in range(5):
-        _add(buf, t)
-    blob = pickle.dumps(buf)  # the checkpoint
-    for t in range(5, 9):
-        _add(buf, t)
+    buf, blob = _checkpointed(sb3, spaces, tmp_path / "s", n_envs)
     with pytest.raises(KeyboardInterrupt), interrupt_at(func, line):
         buf.sample(2) if call == "sample" else _add(buf, 9)
     _refuses(sb3, buf)
@@ -162,12 +154,7 @@ def test_close_after_an_interrupted_write_commits_nothing_and_lets_the_interrupt
 
 
 def test_close_commit_true_of_a_broken_buffer_commits_nothing(sb3, spaces, tmp_path):
-    buf = _buffer(sb3, spaces, tmp_path / "s")
-    for t in range(5):
-        _add(buf, t)
-    blob = pickle.dumps(buf)
-    for t in range(5, 9):
-        _add(buf, t)
+    buf, blob = _checkpointed(sb3, spaces, tmp_path / "s")
     with pytest.raises(KeyboardInterrupt), interrupt_at("ReplayBuffer._added", "self.pos += 1"):
         _add(buf, 9)
     buf.close(commit=True)
@@ -175,12 +162,7 @@ def test_close_commit_true_of_a_broken_buffer_commits_nothing(sb3, spaces, tmp_p
 
 
 def test_a_store_interrupted_in_a_call_of_its_own_refuses_as_the_buffer(sb3, spaces, tmp_path):
-    buf = _buffer(sb3, spaces, tmp_path / "s")
-    for t in range(5):
-        _add(buf, t)
-    blob = pickle.dumps(buf)
-    for t in range(5, 9):
-        _add(buf, t)
+    buf, blob = _checkpointed(sb3, spaces, tmp_path / "s")
     store = buf.store
     with pytest.raises(KeyboardInterrupt), interrupt_at(Durability.commit, "write_manifest("):
         store.commit()

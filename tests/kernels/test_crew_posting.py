@@ -97,16 +97,22 @@ def test_many_tasks_racing_the_helper_read_right(stores):
         one.close()
 
 
+def _damaged_read(s: mr.ReplayStore, target: str, row: int) -> tuple[FrameReader, np.ndarray, np.ndarray]:
+    """A reader of ``s``'s frames with two helpers, and the stacks of a read whose obs holds the damaged frame
+    (row 13) and of an intact read (``good``)."""
+    ring = internals.log(s).ring
+    bad, good = damaged_slots(s, target, row)
+    good = good[:40].reshape(20, 2)
+    obs = good.copy()
+    obs[13, 1] = bad
+    return FrameReader(ring.arrays["obs"], 2, False, ring=ring), obs, good
+
+
 def test_a_damaged_frame_in_a_posted_read_is_reported(tmp_path):
     path = tmp_path / "s"
     target, row = damaged_store(str(path))
     with mr.ReplayStore.open(path, mode="r") as s:
-        ring = internals.log(s).ring
-        bad, good = damaged_slots(s, target, row)
-        good = good[:40].reshape(20, 2)
-        obs = good.copy()
-        obs[13, 1] = bad
-        reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+        reader, obs, good = _damaged_read(s, target, row)
         try:
             posted = reader.post_stacks(obs, good)
             assert posted is not None
@@ -128,12 +134,7 @@ def test_a_posted_read_s_damage_is_reported_after_another_read_went_through_the_
     path = tmp_path / "s"
     target, row = damaged_store(str(path))
     with mr.ReplayStore.open(path, mode="r") as s:
-        ring = internals.log(s).ring
-        bad, good = damaged_slots(s, target, row)
-        good = good[:40].reshape(20, 2)
-        obs = good.copy()
-        obs[13, 1] = bad
-        reader = FrameReader(ring.arrays["obs"], 2, False, ring=ring)
+        reader, obs, good = _damaged_read(s, target, row)
         reader.SHARE = True  # (reads shared with the helpers, as the reader chooses where that is faster)
         reader.MIN_SHARED_BYTES = 0
         try:
