@@ -369,10 +369,10 @@ class BatchIterator(Iterator[T], Generic[T]):
         """Finish every drawn batch's copy (before chunks are unmapped): the unstarted ones here, and the
         posted ones, once a post in flight (the prefetch thread's, made without the store's lock) returned;
         no post starts meanwhile."""
-        with self._lock:
-            self._draining = True
-            self._await_posts_locked()
         try:
+            with self._lock:
+                self._draining = True
+                self._await_posts_locked()
             while (job := self._claim()) is not None:
                 self._run(job)
             with self._lock:
@@ -387,17 +387,21 @@ class BatchIterator(Iterator[T], Generic[T]):
         """Wait while ``job`` is being posted; whether it can be claimed now (posted or unstarted)."""
         with self._lock:
             self._waiting += 1
-            while job.state == _POSTING:
-                self._copied.wait()
-            self._waiting -= 1
+            try:
+                while job.state == _POSTING:
+                    self._copied.wait()
+            finally:
+                self._waiting -= 1
             return job.state in (_PENDING, _POSTED)
 
     def _await_posts_locked(self) -> None:
         """Wait (the iterator's lock held) until no job is being posted: each is then posted or unstarted."""
         self._waiting += 1
-        while any(job.state == _POSTING for job in self._jobs):
-            self._copied.wait()
-        self._waiting -= 1
+        try:
+            while any(job.state == _POSTING for job in self._jobs):
+                self._copied.wait()
+        finally:  # (also when a signal's exception ends the wait)
+            self._waiting -= 1
 
     def discard(self) -> None:
         """Forget the drawn batches (their rows changed under them); later ones are drawn afresh."""
@@ -408,9 +412,11 @@ class BatchIterator(Iterator[T], Generic[T]):
     def _wait(self, job: _Job) -> None:
         with self._lock:
             self._waiting += 1
-            while job.state != _DONE:
-                self._copied.wait()
-            self._waiting -= 1
+            try:
+                while job.state != _DONE:
+                    self._copied.wait()
+            finally:
+                self._waiting -= 1
 
     def forked(self, executor: ThreadPoolExecutor, guard: AbstractContextManager[Any] | None) -> None:
         """In a forked child: the parent's threads are gone. Locks a parent's thread held at the fork would stay

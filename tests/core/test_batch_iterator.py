@@ -322,3 +322,18 @@ def test_a_signal_s_exception_in_a_copy_goes_on_at_once_and_the_batch_is_copied_
         it.drain()
     assert [int(next(it).index[0]) for _ in range(3)] == [0, 1, 2]
     it.close()
+
+
+def test_a_drain_interrupted_while_it_waits_lets_posting_start_again(executor):
+    rec = Poster()
+    it = BatchIterator(rec.draw, rec.assemble, executor, 2, post=rec.post)
+    next(it)
+    it.drain()
+    with pytest.raises(KeyboardInterrupt), interrupt_at(BatchIterator.drain, "self._await_posts_locked()"):
+        it.drain()
+    assert not it._draining
+    rec.posted.clear()
+    for _ in range(3):
+        next(it)
+    assert rec.posted  # the caller posts its next batch again
+    it.close()
