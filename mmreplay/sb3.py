@@ -195,19 +195,23 @@ class _Handle:
             self.interrupted("a call of its store")
             raise StoreClosedError(self.broken) from exc
 
+    def failed(self, exc: BaseException, call: str) -> None:
+        """``call`` raised ``exc`` (the caller raises it again): an interrupt breaks the buffer (``interrupted``),
+        and the store's refusal after an interrupted call of its own is said in the buffer's terms (``refused``)."""
+        if isinstance(exc, StoreClosedError):
+            self.refused(exc)
+        elif not isinstance(exc, Exception):
+            self.interrupted(call)
+
     def flush(self) -> None:
         """Write the pending adds to the store (a closed one keeps none: close() wrote them or dropped them)."""
         self.check()
         if self.pending is not None and not self.store.closed:
             try:
                 self.pending.flush(self.store)
-            except StoreClosedError as exc:
-                self.refused(exc)
-                raise
             except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    self.interrupted("writing its pending adds to the store (which sample(), save_replay_buffer,"
-                                     " close() and buffer.store do first)")
+                self.failed(exc, "writing its pending adds to the store (which sample(), save_replay_buffer,"
+                            " close() and buffer.store do first)")
                 raise
 
     def close(self, commit: bool | None, warn: bool = True) -> None:
@@ -551,12 +555,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
                 if ends[i] or count[i] == pend.rows:  # a block ends where its episode does (as extend() wants)
                     pend.flush_env(store, i)
             self._added(handle)
-        except StoreClosedError as exc:
-            handle.refused(exc)
-            raise
         except BaseException as exc:  # (no cost on the way through)
-            if not isinstance(exc, Exception):
-                handle.interrupted("add()")
+            handle.failed(exc, "add()")
             raise
 
     def _added(self, handle: _Handle) -> None:
@@ -615,12 +615,8 @@ class ReplayBuffer(_SB3ReplayBuffer):
             if c + 1 == pend.rows:
                 pend.flush_env(store, 0)
             self._added(handle)
-        except StoreClosedError as exc:
-            handle.refused(exc)
-            raise
         except BaseException as exc:  # (no cost on the way through: the hot path)
-            if not isinstance(exc, Exception):
-                handle.interrupted("add()")
+            handle.failed(exc, "add()")
             raise
         return True
 

@@ -426,6 +426,7 @@ class ReplayStore:
 
     # -- writing ---------------------------------------------------------------------------------------
     @_serialized
+    @_whole
     def reset(self, obs: Any, head_lost: bool = False, env: int | None = None) -> None:
         """Start new episode(s) with ``obs`` (batched ``(num_envs, *obs_shape)`` for vector stores).
 
@@ -440,10 +441,6 @@ class ReplayStore:
             writer.reset(obs, bool(head_lost), env)
         except OSError as exc:
             raise self._durable.fail(exc, "writing a frame") from exc
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._interrupted(exc, "reset()")
-            raise
 
     def extend(self, actions: Any, rewards: Any, next_obs: Any, terminated: Any, truncated: Any, env: int = 0,
                final_missing: bool = False, **extras: Any) -> int:

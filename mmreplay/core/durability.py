@@ -88,10 +88,11 @@ def read_consistent(path: str, attach: Callable[[dict[str, Any]], T], writer: bo
         try:
             return attach(manifest)
         except CorruptStoreError as exc:
+            tried = int(manifest.get("generation", 0))
             generation = int(read_manifest(path).get("generation", 0))
-            if writer or generation == int(manifest.get("generation", 0)):
+            if writer or generation == tried:
                 raise
-            first = int(manifest.get("generation", 0)) if first is None else first
+            first = tried if first is None else first
             if time.monotonic() - start > READ_PATIENCE:
                 raise CorruptStoreError(
                     f"{exc}. The store may be intact: its writer committed {generation - first} times"

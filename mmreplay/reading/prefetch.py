@@ -386,19 +386,18 @@ class BatchIterator(Iterator[T], Generic[T]):
     def _posted_now(self, job: _Job) -> bool:
         """Wait while ``job`` is being posted; whether it can be claimed now (posted or unstarted)."""
         with self._lock:
-            self._waiting += 1
-            try:
-                while job.state == _POSTING:
-                    self._copied.wait()
-            finally:
-                self._waiting -= 1
+            self._wait_locked(lambda: job.state == _POSTING)
             return job.state in (_PENDING, _POSTED)
 
     def _await_posts_locked(self) -> None:
         """Wait (the iterator's lock held) until no job is being posted: each is then posted or unstarted."""
+        self._wait_locked(lambda: any(job.state == _POSTING for job in self._jobs))
+
+    def _wait_locked(self, busy: Callable[[], bool]) -> None:
+        """Wait (the iterator's lock held) while ``busy()``: until a job's state changes, then look again."""
         self._waiting += 1
         try:
-            while any(job.state == _POSTING for job in self._jobs):
+            while busy():
                 self._copied.wait()
         finally:  # (also when a signal's exception ends the wait)
             self._waiting -= 1
@@ -411,12 +410,7 @@ class BatchIterator(Iterator[T], Generic[T]):
 
     def _wait(self, job: _Job) -> None:
         with self._lock:
-            self._waiting += 1
-            try:
-                while job.state != _DONE:
-                    self._copied.wait()
-            finally:
-                self._waiting -= 1
+            self._wait_locked(lambda: job.state != _DONE)
 
     def forked(self, executor: ThreadPoolExecutor, guard: AbstractContextManager[Any] | None) -> None:
         """In a forked child: the parent's threads are gone. Locks a parent's thread held at the fork would stay

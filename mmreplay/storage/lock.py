@@ -36,7 +36,7 @@ _TAKING = threading.RLock()  # held from opening a descriptor to noting it, and 
 
 
 def take_lock(path: str) -> int:
-    """Take the writer lock of the store at ``path``; return the descriptor that holds it (close it to release).
+    """Take the writer lock of the store at ``path``; return the descriptor that holds it (``release_lock`` releases it).
 
     Raises ``StoreLockedError`` when another writer holds it, ``ReadOnlyStoreError`` when the store
     cannot be written (read-only file system, no write permission), ``CorruptStoreError`` when
